@@ -1,0 +1,4 @@
+from kvcal.cli import main
+import sys
+
+sys.exit(main())

@@ -1,0 +1,48 @@
+"""`kvcal` command line. Each subcommand lives in its own module and is imported only when used, so `kvcal status`
+never imports torch and `kvcal calibrate` never imports the Kubernetes client."""
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module defining `register(subparsers)`, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "calibrate": ("kvcal.calibrator.cli", "calibrate FP8 KV-cache scales for a checkpoint (llm-compressor)"),
+    "verify": ("kvcal.verify.cli", "check a calibrated checkpoint statically, or read its scales back from vLLM"),
+    "compare": ("kvcal.compare.cli", "serve BF16 / FP8 default / FP8 calibrated on vLLM and compare them"),
+    "operator": ("kvcal.handlers.cli", "run the operator against the current kubeconfig"),
+    "status": ("kvcal.ctl", "show a KVCalibration as a tree: phase, steps, weights, measurements"),
+    "promote": ("kvcal.ctl", "promote a KVCalibration waiting in AwaitingPromotion"),
+    "abort": ("kvcal.ctl", "abort a KVCalibration: roll back the canary"),
+    "retry": ("kvcal.ctl", "re-run the analysis of a rolled-back or failed KVCalibration"),
+}
+
+
+def build_parser(command: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvcal",
+        description="Calibrate, verify and safely roll out FP8 KV-cache quantization on vLLM.",
+        epilog="commands:\n" + "\n".join(f"  {n:<10} {h}" for n, (_, h) in SUBCOMMANDS.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    if command in SUBCOMMANDS:
+        module = importlib.import_module(SUBCOMMANDS[command][0])
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    command = next((a for a in args_in if not a.startswith("-")), None)
+    parser = build_parser(command)
+    args = parser.parse_args(args_in)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    rc: int = args.func(args)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""KVCalibration.status: computed whole by the core, written once per reconcile."""
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field
+
+from kvcal.models.base import Model
+
+MAX_MEASUREMENTS = 20
+MAX_HISTORY = 20
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    CALIBRATING = "Calibrating"
+    VERIFYING = "Verifying"
+    DEPLOYING = "Deploying"
+    ANALYZING = "Analyzing"
+    AWAITING_PROMOTION = "AwaitingPromotion"
+    PROMOTING = "Promoting"
+    SUCCEEDED = "Succeeded"
+    ROLLING_BACK = "RollingBack"
+    ROLLED_BACK = "RolledBack"
+    FAILED = "Failed"
+    INVALID_SPEC = "InvalidSpec"
+
+
+TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.ROLLED_BACK, Phase.FAILED})
+
+ConditionType = Literal["Calibrated", "ScalesVerified", "CanaryReady", "AnalysisPassed", "Promoted", "Ready"]
+
+
+class Condition(Model):
+    """metav1.Condition."""
+
+    type: ConditionType
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+class ClipStats(Model):
+    k: float
+    v: float
+
+
+class CalibrationStatus(Model):
+    job: str | None = None
+    spec_hash: str | None = None
+    artifact: str | None = None
+    samples: int | None = None
+    tokens: int | None = None
+    strategy: str | None = None
+    observer: str | None = None
+    k_scale_max: float | None = None
+    v_scale_max: float | None = None
+    holdout_clip_rate_default: ClipStats | None = None
+    holdout_clip_rate_calibrated: ClipStats | None = None
+    top1_agreement_default: float | None = None
+    top1_agreement_calibrated: float | None = None
+    duration_seconds: float | None = None
+    message: str | None = None
+
+
+class VerificationStatus(Model):
+    job: str | None = None
+    layers: int | None = None
+    mismatches: int | None = None
+    message: str | None = None
+
+
+class CanaryStatus(Model):
+    deployment: str | None = None
+    weight: int = 0
+    step_index: int = 0
+    ready_replicas: int = 0
+
+
+class Measurement(Model):
+    """One analysis measurement: the query, both values, the verdict. Capped history in status."""
+
+    metric: str
+    phase: Literal["Successful", "Failed", "Inconclusive", "Error"]
+    at: str
+    baseline: float | None = None
+    canary: float | None = None
+    threshold: float | None = None
+    query: str | None = None
+    message: str | None = None
+
+
+class AnalysisStatus(Model):
+    started_at: str | None = None
+    last_measured_at: str | None = None
+    consecutive_successes: int = 0
+    failures: int = 0
+    inconclusive: int = 0
+    consecutive_errors: int = 0
+    ttft_p95_delta: str | None = Field(default=None, description="Canary vs baseline, e.g. '+3.1%'")
+    measurements: list[Measurement] = []
+
+
+class HistoryEntry(Model):
+    phase: Phase
+    at: str
+    reason: str
+    message: str = ""
+
+
+class KVCalibrationStatus(Model):
+    phase: Phase = Phase.PENDING
+    message: str | None = None
+    observed_generation: int | None = None
+    phase_started_at: str | None = None
+    conditions: list[Condition] = []
+    calibration: CalibrationStatus = CalibrationStatus()
+    verification: VerificationStatus = VerificationStatus()
+    canary: CanaryStatus = CanaryStatus()
+    analysis: AnalysisStatus = AnalysisStatus()
+    history: list[HistoryEntry] = []

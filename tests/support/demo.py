@@ -1,0 +1,1 @@
+"""pytest fixtures: demo (see tests/conftest.py)."""

@@ -1,0 +1,1 @@
+"""pytest fixtures: prometheus (see tests/conftest.py)."""

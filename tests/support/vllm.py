@@ -1,0 +1,1 @@
+"""pytest fixtures: vllm (see tests/conftest.py)."""
