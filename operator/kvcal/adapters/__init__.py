@@ -1,0 +1,1 @@
+"""Implementations of the Protocols in kvcal.ports (Kubernetes, Prometheus, HTTP probes, traffic routers)."""

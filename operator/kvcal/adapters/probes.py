@@ -1,0 +1,132 @@
+"""Quality probes over vLLM's OpenAI-compatible HTTP API (httpx): the same prompts to baseline and canary,
+temperature 0, with logprobs; scored by ``kvcal.core.quality``. Implements ``kvcal.ports.Probes``.
+
+Each side's model id is read from its own ``/v1/models`` (the canary serves a different checkpoint path). A probe
+that both sides reject with HTTP 4xx (e.g. a needle longer than ``--max-model-len``) is skipped and named in the
+message; any other failure makes one Error measurement (it counts toward consecutiveErrorLimit).
+"""
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import httpx
+
+from kvcal.core.analysis import error_measurement, timestamp
+from kvcal.core.quality import Completion, ProbeResult, assess_quality
+from kvcal.models.spec import AnalysisSpec, QualitySpec
+from kvcal.models.status import Measurement
+from kvcal.probes import Suite, builtin_suite, suite_from_configmap
+
+Api = Literal["chat", "completions"]
+
+
+class ProbeHTTPError(RuntimeError):
+    def __init__(self, url: str, status: int, body: str) -> None:
+        super().__init__(f"{url}: HTTP {status}: {body[:300]}")
+        self.status = status
+
+
+def completion_from_reply(body: dict[str, Any]) -> Completion:
+    """Text, tokens and chosen-token logprobs of an OpenAI chat or text completion reply (vLLM's shape)."""
+    choice = body["choices"][0]
+    logprobs = choice.get("logprobs") or {}
+    if "message" in choice:
+        content = logprobs.get("content") or []
+        tokens = tuple(str(t["token"]) for t in content)
+        values = tuple(float(t["logprob"]) for t in content)
+        text = choice["message"].get("content") or ""
+    else:
+        tokens = tuple(str(t) for t in logprobs.get("tokens") or ())
+        values = tuple(float(v) for v in logprobs.get("token_logprobs") or ())
+        text = choice.get("text") or ""
+    return Completion(text=text, tokens=tokens, logprobs=values, finish_reason=choice.get("finish_reason"))
+
+
+def load_suite(spec: QualitySpec, read_configmap: Callable[[str], dict[str, str] | None] | None = None) -> Suite:
+    """The suite the spec names: built in, or from ConfigMap ``spec.configMap`` read with ``read_configmap``."""
+    if spec.suite == "builtin":
+        return builtin_suite()
+    if not spec.config_map:
+        raise ValueError("spec.analysis.quality.configMap: required when suite is 'configmap'")
+    if read_configmap is None:
+        raise ValueError("a ConfigMap reader is needed for spec.analysis.quality.suite: configmap")
+    return suite_from_configmap(spec.config_map, read_configmap(spec.config_map))
+
+
+class HttpProbes:
+    def __init__(
+        self,
+        suite: Suite | None = None,
+        *,
+        api: Api = "chat",
+        timeout_seconds: float = 120.0,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._suite = suite or builtin_suite()
+        self._api = api
+        self._timeout = timeout_seconds
+        self._clock = clock
+        self._transport = transport
+
+    def _client(self) -> httpx.Client:
+        return httpx.Client(timeout=self._timeout, transport=self._transport)
+
+    def _post(self, client: httpx.Client, url: str, payload: dict[str, Any]) -> dict[str, Any]:
+        r = client.post(url, json=payload)
+        if r.status_code != 200:
+            raise ProbeHTTPError(url, r.status_code, r.text)
+        body: dict[str, Any] = r.json()
+        return body
+
+    @staticmethod
+    def model_id(client: httpx.Client, base_url: str) -> str:
+        r = client.get(f"{base_url.rstrip('/')}/v1/models")
+        r.raise_for_status()
+        return str(r.json()["data"][0]["id"])
+
+    def complete(self, client: httpx.Client, base_url: str, model: str, prompt: str, max_tokens: int) -> Completion:
+        common = {"model": model, "temperature": 0, "max_tokens": max_tokens, "seed": 0}
+        if self._api == "chat":
+            payload = {**common, "messages": [{"role": "user", "content": prompt}], "logprobs": True, "top_logprobs": 1}
+            body = self._post(client, f"{base_url.rstrip('/')}/v1/chat/completions", payload)
+        else:
+            body = self._post(
+                client, f"{base_url.rstrip('/')}/v1/completions", {**common, "prompt": prompt, "logprobs": 1}
+            )
+        return completion_from_reply(body)
+
+    def run(self, spec: QualitySpec | AnalysisSpec, baseline_url: str, canary_url: str) -> list[Measurement]:
+        quality = spec.quality if isinstance(spec, AnalysisSpec) else spec
+        at = timestamp(self._clock())
+        results: list[ProbeResult] = []
+        skipped: list[str] = []
+        try:
+            with self._client() as client:
+                models = self.model_id(client, baseline_url), self.model_id(client, canary_url)
+                for probe in self._suite.probes:
+                    sides: list[Completion | None] = []
+                    for url, model in zip((baseline_url, canary_url), models, strict=True):
+                        try:
+                            sides.append(self.complete(client, url, model, probe.prompt, probe.max_tokens))
+                        except ProbeHTTPError as exc:
+                            if not 400 <= exc.status < 500:
+                                raise
+                            sides.append(None)
+                    base, canary = sides
+                    if base is None and canary is None:
+                        skipped.append(probe.id)
+                        continue
+                    if base is None or canary is None:
+                        side = "baseline" if base is None else "canary"
+                        raise RuntimeError(f"probe {probe.id}: only the {side} rejected it")
+                    results.append(ProbeResult(probe, base, canary))
+        except (httpx.HTTPError, ProbeHTTPError, RuntimeError, KeyError, ValueError) as exc:
+            return [error_measurement("probes", f"{type(exc).__name__}: {exc}", at=at)]
+        measurements = assess_quality(quality, results, at=at, suite=self._suite.name)
+        if skipped:
+            first = measurements[0]
+            note = f"; skipped (rejected by both): {', '.join(skipped)}"
+            measurements[0] = first.model_copy(update={"message": (first.message or "") + note})
+        return measurements

@@ -1,0 +1,70 @@
+"""CalibrationConfig: the calibration Job's config file (JSON, camelCase, written by the operator) and the parsed
+form of `kvcal calibrate` flags. One model for both, so the CLI and the Job cannot drift apart."""
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from kvcal.models.base import Model
+from kvcal.models.spec import OBSERVERS
+
+DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
+
+
+class CalibrationConfig(Model):
+    model_dir: Path = Field(description="BF16 Hugging Face checkpoint folder (config.json, safetensors, tokenizer)")
+    data: Path = Field(description="JSONL file, or a folder of *.jsonl, with {'messages': [...]} or {'text': ...}")
+    holdout_data: Path | None = Field(
+        default=None, description="Separate held-out JSONL; when unset, holdoutFraction of `data` is held out"
+    )
+    out: Path = Field(description="Output folder: calibrated checkpoint + kvcal-report.json + report.md + plots")
+    strategy: Literal["tensor", "head"] = "tensor"
+    observer: Literal["static-minmax", "minmax", "mse"] = "static-minmax"
+    samples: int = Field(default=512, ge=1, description="Calibration samples")
+    max_seq_length: int = Field(default=4096, ge=16, description="Longer samples are truncated (and counted)")
+    holdout_fraction: float = Field(default=0.1, gt=0, le=0.5)
+    holdout_samples: int | None = Field(default=None, ge=1, description="Cap on held-out samples evaluated")
+    seed: int = 0
+    pipeline: Literal["auto", "basic", "sequential"] = "auto"
+    rounding: Literal["nearest", "toward-zero"] = Field(
+        default="nearest", description="FP8 rounding emulated in the report: CUDA kernels (nearest) or vLLM CPU"
+    )
+    length_buckets: list[int] = Field(
+        default=[256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072],
+        description="Upper bounds (tokens) of the length buckets used to sample toward lengthDistribution",
+    )
+    length_distribution: dict[int, float] | None = Field(
+        default=None,
+        description="Target share of samples per bucket upper bound; default: the pool's own length distribution",
+    )
+    plots: bool = True
+    force: bool = Field(default=False, description="Replace a non-empty output folder")
+    termination_log: Path | None = Field(default=None, description="Where the <=4096-byte summary JSON goes")
+
+    @field_validator("length_buckets")
+    @classmethod
+    def _increasing(cls, v: list[int]) -> list[int]:
+        if not v or any(b <= a for a, b in zip(v, v[1:], strict=False)) or v[0] <= 0:
+            raise ValueError("lengthBuckets: must be positive, strictly increasing token counts")
+        return v
+
+    @model_validator(mode="after")
+    def _distribution(self) -> "CalibrationConfig":
+        dist = self.length_distribution
+        if dist is not None:
+            unknown = sorted(set(dist) - set(self.length_buckets))
+            if unknown:
+                raise ValueError(f"lengthDistribution: keys {unknown} are not in lengthBuckets {self.length_buckets}")
+            if any(w < 0 for w in dist.values()) or sum(dist.values()) <= 0:
+                raise ValueError("lengthDistribution: weights must be >= 0 with a positive sum")
+        return self
+
+    @property
+    def compressor_observer(self) -> str:
+        """llm-compressor's name for the observer."""
+        return OBSERVERS[self.observer]
+
+    @property
+    def compressor_strategy(self) -> str:
+        return "attn_head" if self.strategy == "head" else "tensor"

@@ -1,0 +1,116 @@
+"""Taps on the post-RoPE key and value states of every attention layer — the tensors vLLM writes to its KV cache.
+
+They ride on compressed-tensors' hooked KV cache (the same place llm-compressor's observers look), so one forward pass
+can feed llm-compressor's observer and our statistics, and later passes can replace K/V with what an FP8 cache returns.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from kvcal.calibrator.quant import ErrorStats, Rounding, error_stats, quant_dequant
+
+KINDS = ("k", "v")
+# |x| histogram: 64 bins per octave over 2^-24 .. 2^16 (percentiles good to 2^(1/64) ~ 1.1%).
+_BINS_PER_OCTAVE = 64
+_LOW_OCTAVE = -24
+_OCTAVES = 40
+NBINS = _BINS_PER_OCTAVE * _OCTAVES
+
+
+@dataclass
+class TensorStats:
+    """Running per-head statistics of one K or V tensor stream (values per head = tokens * head_dim)."""
+
+    heads: int
+    absmax: torch.Tensor = field(init=False)
+    hist: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.absmax = torch.zeros(self.heads, dtype=torch.float32)
+        self.hist = torch.zeros(self.heads * NBINS, dtype=torch.int64)
+
+    def observe(self, x: torch.Tensor) -> None:
+        a = x.detach().abs().to(torch.float32).transpose(0, 1).reshape(self.heads, -1)  # (heads, values)
+        self.absmax = torch.maximum(self.absmax, a.amax(dim=1))
+        b = ((torch.log2(a.clamp(min=2.0**_LOW_OCTAVE)) - _LOW_OCTAVE) * _BINS_PER_OCTAVE).floor().long()
+        b = b.clamp_(0, NBINS - 1) + (torch.arange(self.heads) * NBINS).unsqueeze(1)
+        self.hist += torch.bincount(b.flatten(), minlength=self.heads * NBINS)
+
+    def percentile(self, q: float) -> torch.Tensor:
+        """Per-head q-quantile of |x| (upper edge of the histogram bin; never above the exact max)."""
+        h = self.hist.view(self.heads, NBINS)
+        cum = h.cumsum(dim=1)
+        need = (cum[:, -1].to(torch.float64) * q).ceil().clamp(min=1).unsqueeze(1)
+        idx = (cum.to(torch.float64) < need).sum(dim=1)
+        edge = torch.pow(2.0, (idx.to(torch.float64) + 1) / _BINS_PER_OCTAVE + _LOW_OCTAVE).to(torch.float32)
+        return torch.minimum(edge, self.absmax)
+
+    @property
+    def count(self) -> int:
+        return int(self.hist[:NBINS].sum())
+
+
+@dataclass
+class Tap:
+    """What to do with each layer's K/V: collect stats, score named scale sets, keep a copy, or replace K/V."""
+
+    heads: int
+    stats: bool = True
+    # name -> (kind -> per-layer float32 scales broadcastable to (batch, heads, tokens, head_dim))
+    score: dict[str, dict[str, list[torch.Tensor]]] = field(default_factory=dict)
+    replace: dict[str, list[torch.Tensor]] | None = None
+    rounding: Rounding = "nearest"
+    keep: bool = False
+    observed: dict[tuple[int, str], TensorStats] = field(default_factory=dict)
+    errors: dict[tuple[str, int, str], ErrorStats] = field(default_factory=dict)
+    kept: dict[tuple[int, str], list[torch.Tensor]] = field(default_factory=dict)
+
+    def __call__(self, layer: int, kind: str, x: torch.Tensor) -> torch.Tensor | None:
+        if self.stats:
+            self.observed.setdefault((layer, kind), TensorStats(self.heads)).observe(x)
+        for name, scales in self.score.items():
+            e = error_stats(x, scales[kind][layer], self.rounding)
+            self.errors.setdefault((name, layer, kind), ErrorStats.zeros(self.heads)).add(e)
+        if self.keep:
+            self.kept.setdefault((layer, kind), []).append(x.detach().clone())
+        if self.replace is not None:
+            return quant_dequant(x, self.replace[kind][layer], self.rounding)
+        return None
+
+
+def attention_layers(model: nn.Module) -> list[nn.Module]:
+    """Attention modules in layer order (modules with a `layer_idx` and k_proj/v_proj)."""
+    found = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "k_proj") and hasattr(m, "v_proj")]
+    return sorted(found, key=lambda m: int(m.layer_idx))
+
+
+def attach(model: nn.Module, tap: Callable[[int, str, torch.Tensor], torch.Tensor | None]) -> list[object]:
+    """Register `tap(layer, kind, states)` on every attention layer's post-RoPE K and V; returns the handles."""
+    from compressed_tensors.modeling.kvcache import (
+        initialize_hooked_kv_cache,
+        register_key_hook,
+        register_value_hook,
+    )
+
+    handles: list[object] = []
+    for attn in attention_layers(model):
+        initialize_hooked_kv_cache(model, attn)  # no-op when llm-compressor already did it
+        layer = int(attn.layer_idx)
+
+        def on_k(_m: nn.Module, x: torch.Tensor, layer: int = layer) -> torch.Tensor | None:
+            return tap(layer, "k", x)
+
+        def on_v(_m: nn.Module, x: torch.Tensor, layer: int = layer) -> torch.Tensor | None:
+            return tap(layer, "v", x)
+
+        handles.append(register_key_hook(attn, on_k))
+        handles.append(register_value_hook(attn, on_v))
+    return handles
+
+
+def detach(handles: list[object]) -> None:
+    for h in handles:
+        h.remove()  # type: ignore[attr-defined]

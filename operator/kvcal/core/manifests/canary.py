@@ -1,0 +1,207 @@
+"""The canary Deployment and Service (derived from the baseline) and the promotion patch of the baseline.
+
+The canary is the baseline's pod template with one change: the vLLM container serves the calibrated checkpoint with
+FP8 KV. Image, resources, volumes, probes, tensor-parallel flags stay the same, so the comparison measures the KV
+cache change and nothing else. The served model name is pinned to the baseline's, so clients behind the shared
+Service see one model.
+"""
+
+import copy
+from typing import Any
+
+from kvcal.core.manifests.common import (
+    LABEL_CALIBRATION,
+    LABEL_ROLE,
+    Manifest,
+    Owner,
+    canary_name,
+    label_value,
+    metadata,
+    volumes_and_mounts,
+)
+from kvcal.core.manifests.jobs import checkpoint_location
+from kvcal.models.spec import KVCalibrationSpec
+
+PROMOTED_ANNOTATION = "kvcal.dev/promoted-from"
+CHECKPOINT_ANNOTATION = "kvcal.dev/checkpoint"
+# Flags that would override or contradict calibrated scales.
+_DROPPED_FLAGS = ("--kv-cache-dtype", "--calculate-kv-scales")
+_FLAGS_WITHOUT_VALUE = frozenset({"--calculate-kv-scales"})
+
+
+class BaselineError(ValueError):
+    """The baseline Deployment cannot be turned into a canary (names the field and the fix)."""
+
+
+def baseline_container_index(deployment: Manifest, container: str | None) -> int:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    if container is None:
+        return 0
+    for i, c in enumerate(containers):
+        if c["name"] == container:
+            return i
+    names = ", ".join(c["name"] for c in containers)
+    raise BaselineError(f"spec.serving.baseline.container: no container {container!r} in the baseline (has: {names})")
+
+
+def _flag_value(args: list[str], flag: str) -> tuple[int, str] | None:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return i, args[i + 1]
+        if a.startswith(flag + "="):
+            return i, a.split("=", 1)[1]
+    return None
+
+
+def _without(args: list[str], flag: str) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a == flag:
+            skip = flag not in _FLAGS_WITHOUT_VALUE
+            continue
+        if a.startswith(flag + "="):
+            continue
+        out.append(a)
+    return out
+
+
+def _replace_model(command: list[str], args: list[str], checkpoint: str) -> tuple[list[str], list[str], str]:
+    """Point vLLM at `checkpoint`: `--model X`, `--model=X`, or `vllm serve X` (X in command or args)."""
+    found = _flag_value(args, "--model")
+    if found is not None:
+        i, old = found
+        new_args = list(args)
+        if args[i] == "--model":
+            new_args[i + 1] = checkpoint
+        else:
+            new_args[i] = f"--model={checkpoint}"
+        return command, new_args, old
+    argv = command + args
+    if "serve" in argv:
+        i = argv.index("serve") + 1
+        if i < len(argv) and not argv[i].startswith("-"):
+            old = argv[i]
+            new_command, new_args = list(command), list(args)
+            if i < len(command):
+                new_command[i] = checkpoint
+            else:
+                new_args[i - len(command)] = checkpoint
+            return new_command, new_args, old
+    raise BaselineError(
+        "spec.serving.baseline: cannot find the model in the baseline container's command/args; "
+        "pass it as `--model PATH` or `vllm serve PATH`"
+    )
+
+
+def fp8_container(container: Manifest, spec: KVCalibrationSpec, checkpoint: str, mounts: list[Manifest]) -> Manifest:
+    """The vLLM container rolled to the calibrated checkpoint with FP8 KV."""
+    out = copy.deepcopy(container)
+    command, args, old_model = _replace_model(list(out.get("command") or []), list(out.get("args") or []), checkpoint)
+    for flag in _DROPPED_FLAGS:
+        args = _without(args, flag)
+    if _flag_value(args, "--served-model-name") is None:
+        args += ["--served-model-name", old_model]
+    args += ["--kv-cache-dtype", spec.serving.canary.kv_cache_dtype]
+    backend = spec.serving.canary.attention_backend
+    if backend:
+        args = [*_without(args, "--attention-backend"), "--attention-backend", backend]
+    args += spec.serving.canary.extra_args
+    if command:
+        out["command"] = command
+    out["args"] = args
+    existing = {m["name"] for m in out.get("volumeMounts") or []}
+    out["volumeMounts"] = [*(out.get("volumeMounts") or []), *(m for m in mounts if m["name"] not in existing)]
+    return out
+
+
+def _fp8_pod_spec(baseline: Manifest, spec: KVCalibrationSpec) -> Manifest:
+    pod: Manifest = copy.deepcopy(baseline["spec"]["template"]["spec"])
+    checkpoint = checkpoint_location(spec)
+    volumes, mounts = volumes_and_mounts([(checkpoint, False)])
+    index = baseline_container_index(baseline, spec.serving.baseline.container)
+    pod["containers"][index] = fp8_container(pod["containers"][index], spec, checkpoint.path, mounts)
+    existing = {v["name"] for v in pod.get("volumes") or []}
+    pod["volumes"] = [*(pod.get("volumes") or []), *(v for v in volumes if v["name"] not in existing)]
+    return pod
+
+
+def canary_selector_labels(owner: Owner) -> dict[str, str]:
+    return {LABEL_ROLE: "canary", LABEL_CALIBRATION: label_value(owner.name)}
+
+
+def build_canary_deployment(owner: Owner, spec: KVCalibrationSpec, baseline: Manifest, replicas: int) -> Manifest:
+    """The baseline's pod template serving the calibrated checkpoint; pods keep the baseline's labels (so the
+    baseline Service's selector still matches them: traffic splits by replica ratio) plus role=canary."""
+    template = baseline["spec"]["template"]
+    selector: dict[str, Any] = copy.deepcopy(baseline["spec"]["selector"])
+    selector["matchLabels"] = {**selector.get("matchLabels", {}), **canary_selector_labels(owner)}
+    pod_labels = {**template.get("metadata", {}).get("labels", {}), **canary_selector_labels(owner)}
+    pod_meta: Manifest = {"labels": pod_labels}
+    if template.get("metadata", {}).get("annotations"):
+        pod_meta["annotations"] = dict(template["metadata"]["annotations"])
+    deployment: Manifest = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(owner, canary_name(owner.name), "canary", {LABEL_ROLE: "canary"}),
+        "spec": {
+            "replicas": replicas,
+            "selector": selector,
+            "template": {"metadata": pod_meta, "spec": _fp8_pod_spec(baseline, spec)},
+        },
+    }
+    if "strategy" in baseline["spec"]:
+        deployment["spec"]["strategy"] = copy.deepcopy(baseline["spec"]["strategy"])
+    return deployment
+
+
+def build_canary_service(owner: Owner, baseline_service: Manifest) -> Manifest:
+    """A Service selecting only the canary pods: the target of quality probes and of Gateway API backendRefs."""
+    ports = [
+        {k: p[k] for k in ("name", "port", "targetPort", "protocol", "appProtocol") if k in p}
+        for p in baseline_service["spec"].get("ports", [])
+    ]
+    selector = {**baseline_service["spec"].get("selector", {}), **canary_selector_labels(owner)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(owner, canary_name(owner.name), "canary", {LABEL_ROLE: "canary"}),
+        "spec": {"type": "ClusterIP", "selector": selector, "ports": ports},
+    }
+
+
+def build_promoted_baseline(owner: Owner, spec: KVCalibrationSpec, spec_hash: str, baseline: Manifest) -> Manifest:
+    """A JSON merge patch that rolls the baseline to the calibrated checkpoint with FP8 KV.
+
+    maxUnavailable 0: a rolling update that never takes the baseline below its ready replicas. Lists (containers,
+    volumes) are replaced whole, so applying the patch twice is a no-op.
+    """
+    strategy = baseline["spec"].get("strategy", {})
+    surge = strategy.get("rollingUpdate", {}).get("maxSurge", 1)
+    checkpoint = checkpoint_location(spec)
+    return {
+        "metadata": {
+            "annotations": {
+                PROMOTED_ANNOTATION: promotion_marker(owner, spec_hash),
+                CHECKPOINT_ANNOTATION: checkpoint.uri,
+            }
+        },
+        "spec": {
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": surge}},
+            "template": {"spec": _fp8_pod_spec(baseline, spec)},
+        },
+    }
+
+
+def promotion_marker(owner: Owner, spec_hash: str) -> str:
+    """The value of PROMOTED_ANNOTATION once this calibration's promotion patch is applied (the patch sets the
+    annotation and the template atomically, so the marker proves the template was rolled)."""
+    return f"{owner.namespace}/{owner.name}@{spec_hash[:8]}"
+
+
+def is_promoted(baseline: Manifest, owner: Owner, spec_hash: str) -> bool:
+    annotations = baseline.get("metadata", {}).get("annotations") or {}
+    return bool(annotations.get(PROMOTED_ANNOTATION) == promotion_marker(owner, spec_hash))

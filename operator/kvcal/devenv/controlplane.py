@@ -1,0 +1,358 @@
+"""A real, throw-away Kubernetes control plane on loopback: etcd + kube-apiserver + kube-controller-manager.
+
+Built from the binaries `make control-plane` puts in $KVCAL_CACHE/bin (default ~/.cache/kvcal/bin). RBAC is on; the
+admin kubeconfig authenticates with a client certificate (group system:masters); ServiceAccount tokens work
+(`kubectl create token`). There is no scheduler and no kubelet: pods stay Pending unless a test plays kubelet.
+
+    python -m kvcal.devenv.controlplane up     # prints KUBECONFIG=... last, runs until Ctrl-C / SIGTERM
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+
+from kvcal.devenv.pki import CertificateAuthority, KeyPair, service_account_keys
+
+REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
+SERVICE_CIDR = "10.0.0.0/24"
+SERVICE_IP = "10.0.0.1"  # the first address of SERVICE_CIDR: the `kubernetes` Service; in the serving cert's SANs
+SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+# What the operator and its tests need: owner-reference garbage collection, Jobs, Deployments (through ReplicaSets),
+# namespace deletion, per-namespace `default` ServiceAccounts and kube-root-ca.crt, TTL of finished Jobs.
+CONTROLLERS = (
+    "garbage-collector-controller",
+    "job-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "ttl-after-finished-controller",
+)
+
+
+class ControlPlaneError(RuntimeError):
+    pass
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("KVCAL_CACHE") or Path.home() / ".cache" / "kvcal")
+
+
+def default_bin_dir() -> Path:
+    return cache_dir() / "bin"
+
+
+def missing_binaries(bin_dir: Path, names: tuple[str, ...] = REQUIRED_BINARIES) -> list[str]:
+    return [name for name in names if not os.access(bin_dir / name, os.X_OK)]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the launching process dies, so a killed test run leaves no stray servers."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def _http_status(url: str, context: ssl.SSLContext | None = None) -> int:
+    """HTTP status of GET url; 0 when nothing answers yet."""
+    try:
+        with urllib.request.urlopen(url, context=context, timeout=5) as response:
+            status: int = response.status
+            return status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+def write_kubeconfig(path: Path, server: str, ca: Path, client: KeyPair, user: str) -> None:
+    """A kubeconfig with the certificates embedded, so it stays valid when copied elsewhere."""
+    import base64
+
+    def b64(p: Path) -> str:
+        return base64.b64encode(p.read_bytes()).decode()
+
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "kvcal", "cluster": {"server": server, "certificate-authority-data": b64(ca)}}],
+        "users": [
+            {"name": user, "user": {"client-certificate-data": b64(client.cert), "client-key-data": b64(client.key)}}
+        ],
+        "contexts": [{"name": "kvcal", "context": {"cluster": "kvcal", "user": user, "namespace": "default"}}],
+        "current-context": "kvcal",
+    }
+    path.write_text(json.dumps(config, indent=2))
+    path.chmod(0o600)
+
+
+class ControlPlane:
+    """`start()` (or `with ControlPlane() as cp:`); `stop()` kills the processes and removes the state."""
+
+    def __init__(
+        self, bin_dir: Path | None = None, root: Path | None = None, *, controller_manager: bool = True
+    ) -> None:
+        self.bin_dir = bin_dir or default_bin_dir()
+        self._own_root = root is None
+        self.dir = root or Path(tempfile.mkdtemp(prefix="kvcal-cp-"))
+        self.controller_manager = controller_manager
+        self.kubeconfig = self.dir / "admin.kubeconfig"
+        self.port = 0
+        self.server = ""
+        self.startup_seconds = 0.0
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._admin: KeyPair | None = None
+        self._ca: Path | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------------------------
+    def start(self, timeout: float = 120.0) -> "ControlPlane":
+        needed = ("etcd", "kube-apiserver") + (("kube-controller-manager",) if self.controller_manager else ())
+        missing = missing_binaries(self.bin_dir, needed)
+        if missing:
+            raise ControlPlaneError(
+                f"missing {', '.join(missing)} in {self.bin_dir}: run `make control-plane` (or set KVCAL_CACHE)"
+            )
+        began = time.monotonic()
+        try:
+            self._start(began + timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - began
+        return self
+
+    def _start(self, deadline: float) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        # A reused --dir starts clean: etcd's old member would name peer ports that are gone.
+        shutil.rmtree(self.dir / "etcd", ignore_errors=True)
+        pki = self.dir / "pki"
+        pki.mkdir(exist_ok=True)
+        ca = CertificateAuthority(pki)
+        serving = ca.issue(
+            "apiserver",
+            "kube-apiserver",
+            server_ips=("127.0.0.1", SERVICE_IP),
+            server_dns=(
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
+        )
+        self._admin = ca.issue("admin", "kvcal-admin", organization="system:masters")
+        self._ca = ca.cert
+        kcm = ca.issue("controller-manager", "system:kube-controller-manager")
+        sa = service_account_keys(pki)
+
+        etcd_port, peer_port, self.port = free_port(), free_port(), free_port()
+        self.server = f"https://127.0.0.1:{self.port}"
+        write_kubeconfig(self.kubeconfig, self.server, ca.cert, self._admin, "kvcal-admin")
+
+        self._spawn("etcd", self._etcd_args(etcd_port, peer_port))
+        # The API server's etcd clients back off when etcd is not up yet: a healthy etcd first starts it faster.
+        etcd_health = f"http://127.0.0.1:{etcd_port}/health"
+        self._wait("etcd /health", lambda: _http_status(etcd_health) == 200, deadline)
+        self._spawn("kube-apiserver", self._apiserver_args(etcd_port, ca.cert, serving, sa))
+        if self.controller_manager:
+            kcm_kubeconfig = self.dir / "controller-manager.kubeconfig"
+            write_kubeconfig(kcm_kubeconfig, self.server, ca.cert, kcm, "system:kube-controller-manager")
+            self._spawn("kube-controller-manager", self._controller_manager_args(kcm_kubeconfig, ca.cert, sa))
+        self._wait("kube-apiserver /readyz", lambda: self._get("/readyz") == 200, deadline)
+        if self.controller_manager:
+            # The ServiceAccount controller creating `default` proves the controller-manager is up and authorized.
+            self.wait_for_default_service_account("default", deadline - time.monotonic())
+
+    def stop(self) -> None:
+        for name in reversed(list(self._procs)):
+            self._terminate(self._procs[name])
+        self._procs.clear()
+        if self._own_root:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "ControlPlane":
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def check_alive(self) -> None:
+        """Raises naming the process that exited, with the end of its log."""
+        for name, proc in self._procs.items():
+            if proc.poll() is not None:
+                raise ControlPlaneError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        log = self.dir / f"{name}.log"
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else "(no log)"
+
+    def wait_for_default_service_account(self, namespace: str, timeout: float = 30.0) -> None:
+        path = f"/api/v1/namespaces/{namespace}/serviceaccounts/default"
+        self._wait(f"ServiceAccount {namespace}/default", lambda: self._get(path) == 200, time.monotonic() + timeout)
+
+    # -- processes -------------------------------------------------------------------------------------------------
+    def _etcd_args(self, port: int, peer_port: int) -> list[str]:
+        client, peer = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{peer_port}"
+        return [
+            "--name=kvcal",
+            f"--data-dir={self.dir / 'etcd'}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=kvcal={peer}",
+            "--unsafe-no-fsync",  # throw-away data: durability costs seconds per test run for nothing
+            "--log-level=warn",
+        ]
+
+    def _apiserver_args(self, etcd_port: int, ca: Path, serving: KeyPair, sa: KeyPair) -> list[str]:
+        # After controller-runtime envtest's defaults, with RBAC (+ Node) authorization and real SA token signing.
+        return [
+            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={self.port}",
+            f"--cert-dir={self.dir / 'pki'}",
+            f"--tls-cert-file={serving.cert}",
+            f"--tls-private-key-file={serving.key}",
+            f"--client-ca-file={ca}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--allow-privileged=true",
+            "--authorization-mode=Node,RBAC",
+            f"--service-account-issuer={SA_ISSUER}",
+            f"--service-account-key-file={sa.cert}",
+            f"--service-account-signing-key-file={sa.key}",
+            "--profiling=false",
+            "--v=1",
+        ]
+
+    def _controller_manager_args(self, kubeconfig: Path, ca: Path, sa: KeyPair) -> list[str]:
+        return [
+            f"--kubeconfig={kubeconfig}",
+            f"--controllers={','.join(CONTROLLERS)}",
+            "--leader-elect=false",
+            "--use-service-account-credentials=true",  # each controller acts as its own SA, as in a real cluster
+            f"--service-account-private-key-file={sa.key}",
+            f"--root-ca-file={ca}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+            f"--cert-dir={self.dir / 'pki' / 'kcm'}",
+            "--kube-api-qps=100",
+            "--kube-api-burst=200",
+            "--profiling=false",
+            "--v=1",
+        ]
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        with (self.dir / f"{name}.log").open("ab") as log:
+            self._procs[name] = subprocess.Popen(
+                [str(self.bin_dir / name), *args],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.dir,
+                start_new_session=True,  # own process group: teardown kills it whole
+                preexec_fn=_die_with_parent,  # set in the child between fork and exec
+            )
+
+    @staticmethod
+    def _terminate(proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+
+    # -- health ----------------------------------------------------------------------------------------------------
+    def _get(self, path: str) -> int:
+        """HTTP status of GET path as the admin user; 0 when the server is not answering yet."""
+        assert self._admin is not None and self._ca is not None
+        context = ssl.create_default_context(cafile=str(self._ca))
+        context.load_cert_chain(str(self._admin.cert), str(self._admin.key))
+        return _http_status(self.server + path, context)
+
+    def _wait(self, what: str, ready: Callable[[], bool], deadline: float) -> None:
+        while not ready():
+            self.check_alive()
+            if time.monotonic() > deadline:
+                names = ", ".join(self._procs)
+                raise ControlPlaneError(f"timed out waiting for {what}; logs of {names} in {self.dir}")
+            time.sleep(0.1)  # poll interval of a condition wait, not a fixed delay
+
+
+# -- CLI ----------------------------------------------------------------------------------------------------------
+def _up(args: argparse.Namespace) -> int:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    plane = ControlPlane(args.bin_dir, args.dir, controller_manager=not args.no_controller_manager)
+    try:
+        plane.start(timeout=args.timeout)
+        print(f"control plane ready in {plane.startup_seconds:.1f}s: {plane.server} (state and logs: {plane.dir})")
+        print("Ctrl-C stops it and removes its state.")
+        print(f"KUBECONFIG={plane.kubeconfig}", flush=True)
+        while not stop.wait(1.0):
+            plane.check_alive()
+        return 0
+    except ControlPlaneError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    finally:
+        plane.stop()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m kvcal.devenv.controlplane",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start etcd + kube-apiserver + kube-controller-manager; print KUBECONFIG=...")
+    up.add_argument("--bin-dir", type=Path, default=None, help="binaries (default $KVCAL_CACHE/bin)")
+    up.add_argument("--dir", type=Path, default=None, help="state directory (default a fresh temp dir)")
+    up.add_argument("--no-controller-manager", action="store_true", help="API server and etcd only")
+    up.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness")
+    up.set_defaults(func=_up)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    rc: int = args.func(args)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""kopf handlers: thin wrappers that hand every KVCalibration to services.reconciler.Reconciler."""

@@ -1,0 +1,43 @@
+"""Production analysis backends: Prometheus metrics, HTTP quality probes and the traffic router of the spec.
+
+Imported lazily so `kvcal operator run` starts even when an optional adapter's dependencies are missing; an adapter
+that cannot be built yields None and the analysis records that interval as an Error (never a pass).
+"""
+
+import importlib
+import logging
+from typing import Any
+
+from kvcal.ports import Kube, Metrics, Probes, Router, Target
+
+log = logging.getLogger(__name__)
+
+
+class ClusterBackends:
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+
+    def metrics(self, target: Target) -> Metrics | None:
+        from kvcal.adapters.prometheus import PrometheusMetrics
+        from kvcal.core.promql import pod_regex_selector
+
+        baseline = target.spec.serving.baseline.deployment
+        return PrometheusMetrics(pod_regex_selector(target.namespace, baseline, target.canary_deployment))
+
+    def probes(self, target: Target) -> Probes | None:
+        from kvcal.adapters.probes import HttpProbes, load_suite
+
+        def read_configmap(name: str) -> dict[str, str] | None:
+            cm = self.kube.get("ConfigMap", target.namespace, name)
+            return None if cm is None else dict(cm.get("data") or {})
+
+        return HttpProbes(load_suite(target.spec.analysis.quality, read_configmap))
+
+    def router(self, target: Target) -> Router | None:
+        try:
+            module: Any = importlib.import_module("kvcal.adapters.router")
+        except ImportError:
+            log.warning("kvcal.adapters.router is not available: traffic weights are set by replica counts only")
+            return None
+        factory = getattr(module, "router_for", None)
+        return None if factory is None else factory(target, self.kube)

@@ -1,0 +1,65 @@
+"""`kvcal operator run`: the operator in this process, against the current kubeconfig (or in-cluster config)."""
+
+import argparse
+import logging
+import os
+from datetime import UTC, datetime
+
+from kubernetes import client, config
+
+
+def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    parser = sub.add_parser("operator", help="run the KVCalibration operator")
+    actions = parser.add_subparsers(dest="operator_command", metavar="ACTION")
+    run = actions.add_parser("run", help="run the operator until interrupted")
+    run.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        help="watch only this namespace (repeatable); default: every namespace",
+    )
+    run.add_argument("--metrics-port", type=int, default=None, help="serve the operator's Prometheus metrics here")
+    run.add_argument(
+        "--standalone",
+        action="store_true",
+        help="no peering with other operator instances (one replica, or tests)",
+    )
+    run.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: $KUBECONFIG, in-cluster")
+    run.add_argument("--verbose", "-v", action="store_true")
+    run.set_defaults(func=_run)
+
+    def usage(_args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    parser.set_defaults(func=usage)
+
+
+def _api_client(kubeconfig: str | None) -> client.ApiClient:
+    if kubeconfig:
+        api: client.ApiClient = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        return api
+    config.load_incluster_config()  # type: ignore[no-untyped-call]
+    return client.ApiClient()
+
+
+def _run(args: argparse.Namespace) -> int:
+    from kvcal.adapters.kube import KubeClient
+    from kvcal.handlers.backends import ClusterBackends
+    from kvcal.handlers.operator import OperatorOptions, run
+    from kvcal.metrics import OperatorMetrics
+    from kvcal.services.reconciler import Reconciler
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads the same file
+    kube = KubeClient(_api_client(args.kubeconfig))
+    reconciler = Reconciler(
+        kube, clock=lambda: datetime.now(UTC), backends=ClusterBackends(kube), metrics=OperatorMetrics()
+    )
+    options = OperatorOptions(namespaces=args.namespace, standalone=args.standalone, metrics_port=args.metrics_port)
+    run(reconciler, options)
+    return 0

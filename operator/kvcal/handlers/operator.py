@@ -1,0 +1,148 @@
+"""The kopf wiring. Handlers only translate kopf's callbacks into Reconciler calls.
+
+- One daemon per KVCalibration (id `kvcal-reconcile`) runs reconcile passes; it sleeps for the pass's requeue delay
+  or until woken by a watch event on the KVCalibration or one of its Jobs / canary Deployment (ids `kvcal-wake-*`).
+- On delete (id `kvcal-cleanup`) the finalizer `kvcal.dev/finalizer` holds the object until the canary, Services,
+  Jobs and ConfigMaps are gone; the baseline is never touched.
+- kopf's own progress and diff-base bookkeeping go to annotations under `kvcal.dev/` (never to status, never spec).
+"""
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from kvcal.adapters.kube import GROUP, PLURAL, VERSION
+from kvcal.core.manifests.common import KIND, LABEL_MANAGED_BY, MANAGED_BY
+from kvcal.services.reconciler import Reconciler
+
+log = logging.getLogger(__name__)
+FINALIZER = "kvcal.dev/finalizer"
+STORAGE_PREFIX = "kvcal.dev"
+RESYNC_SECONDS = 600.0  # a pass at least this often even when nothing changes
+MAX_ERROR_BACKOFF = 60.0
+
+
+@dataclass
+class Wakers:
+    """One asyncio.Event per KVCalibration, set by watch events to cut a daemon's sleep short."""
+
+    events: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+
+    def wake(self, namespace: str | None, name: str | None) -> None:
+        event = self.events.get((namespace or "", name or ""))
+        if event is not None:
+            event.set()
+
+
+def settings() -> kopf.OperatorSettings:
+    s = kopf.OperatorSettings()
+    s.persistence.finalizer = FINALIZER
+    s.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=STORAGE_PREFIX)
+    s.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=STORAGE_PREFIX, key="last-handled-configuration"
+    )
+    s.posting.level = logging.WARNING  # the reconciler posts the lifecycle events itself
+    s.watching.server_timeout = 300
+    s.watching.client_timeout = 330
+    return s
+
+
+async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float) -> None:
+    """Until `seconds` pass, a watch event wakes us, or kopf stops the daemon."""
+    waiters = {asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())}
+    try:
+        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+    wake.clear()
+
+
+def _owner_of(body: kopf.Body) -> str | None:
+    for ref in body.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(GROUP + "/"):
+            name: str = ref["name"]
+            return name
+    return None
+
+
+def build_registry(reconciler: Reconciler, wakers: Wakers) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    managed = {LABEL_MANAGED_BY: MANAGED_BY}
+
+    @kopf.daemon(GROUP, VERSION, PLURAL, id="kvcal-reconcile", cancellation_timeout=10.0, registry=registry)
+    async def reconcile(name: str, namespace: str | None, stopped: kopf.DaemonStopped, **_: Any) -> None:
+        namespace = namespace or ""
+        wake = wakers.events.setdefault((namespace, name), asyncio.Event())
+        errors = 0
+        try:
+            while not stopped:
+                try:
+                    requeue = await asyncio.to_thread(reconciler.reconcile, namespace, name)
+                    errors = 0
+                except Exception:
+                    errors += 1
+                    requeue = min(MAX_ERROR_BACKOFF, 2.0**errors)
+                    log.exception("reconcile of %s/%s failed; retrying in %.0fs", namespace, name, requeue)
+                await _sleep(wake, stopped, RESYNC_SECONDS if requeue is None else requeue)
+        finally:
+            wakers.events.pop((namespace, name), None)
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, id="kvcal-wake-self", registry=registry)
+    def wake_self(name: str, namespace: str | None, **_: Any) -> None:
+        wakers.wake(namespace, name)
+
+    @kopf.on.event("batch", "v1", "jobs", labels=managed, id="kvcal-wake-jobs", registry=registry)
+    def wake_from_job(body: kopf.Body, namespace: str | None, **_: Any) -> None:
+        wakers.wake(namespace, _owner_of(body))
+
+    @kopf.on.event("apps", "v1", "deployments", labels=managed, id="kvcal-wake-canary", registry=registry)
+    def wake_from_canary(body: kopf.Body, namespace: str | None, **_: Any) -> None:
+        wakers.wake(namespace, _owner_of(body))
+
+    @kopf.on.delete(GROUP, VERSION, PLURAL, id="kvcal-cleanup", registry=registry)
+    async def cleanup(name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
+        namespace = namespace or ""
+        removed = await asyncio.to_thread(reconciler.cleanup, namespace, name)
+        if reconciler.metrics:
+            reconciler.metrics.set_phase(namespace, name, None)
+        logger.info("removed %s", ", ".join(removed) or "nothing")
+
+    return registry
+
+
+@dataclass
+class OperatorOptions:
+    namespaces: Collection[str] = ()  # empty: every namespace
+    standalone: bool = True
+    metrics_port: int | None = None
+
+
+def run(
+    reconciler: Reconciler,
+    options: OperatorOptions,
+    stop_flag: threading.Event | None = None,
+    ready_flag: threading.Event | None = None,
+) -> None:
+    """Run the operator until stop_flag is set (or SIGINT/SIGTERM in the main thread)."""
+    if options.metrics_port is not None and reconciler.metrics is not None:
+        reconciler.metrics.serve(options.metrics_port)
+    wakers = Wakers()
+    coro = kopf.operator(
+        registry=build_registry(reconciler, wakers),
+        settings=settings(),
+        standalone=options.standalone,
+        clusterwide=not options.namespaces,
+        namespaces=list(options.namespaces),
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+    )
+    asyncio.run(coro)
+
+
+ReconcilerFactory = Callable[[], Reconciler]

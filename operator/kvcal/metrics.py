@@ -1,0 +1,58 @@
+"""The operator's own Prometheus metrics (not the canary analysis): reconciles, objects by phase, phase durations.
+
+One registry per OperatorMetrics instance (no module-level collectors), served by `serve(port)`.
+"""
+
+import threading
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from kvcal.models.status import Phase
+
+_DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, float("inf"))
+
+
+class OperatorMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.reconciles = Counter(
+            "kvcal_reconciles", "Reconcile passes by result (ok, conflict, error)", ["result"], registry=self.registry
+        )
+        self.reconcile_seconds = Histogram(
+            "kvcal_reconcile_duration_seconds", "Wall time of one reconcile pass", registry=self.registry
+        )
+        self.objects = Gauge("kvcal_objects", "KVCalibrations by phase", ["phase"], registry=self.registry)
+        self.phase_seconds = Histogram(
+            "kvcal_phase_duration_seconds",
+            "Time a KVCalibration spent in a phase, observed when it leaves the phase",
+            ["phase"],
+            buckets=_DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self._phases: dict[tuple[str, str], Phase] = {}
+        self._lock = threading.Lock()
+        for phase in Phase:
+            self.objects.labels(phase=phase.value).set(0)
+
+    def reconciled(self, result: str, seconds: float) -> None:
+        self.reconciles.labels(result=result).inc()
+        self.reconcile_seconds.observe(seconds)
+
+    def phase_left(self, phase: Phase, seconds: float) -> None:
+        self.phase_seconds.labels(phase=phase.value).observe(max(0.0, seconds))
+
+    def set_phase(self, namespace: str, name: str, phase: Phase | None) -> None:
+        """Record the phase of one object (None: it is gone) and refresh the per-phase gauge."""
+        with self._lock:
+            if phase is None:
+                self._phases.pop((namespace, name), None)
+            else:
+                self._phases[(namespace, name)] = phase
+            counts = dict.fromkeys(Phase, 0)
+            for p in self._phases.values():
+                counts[p] += 1
+        for p, n in counts.items():
+            self.objects.labels(phase=p.value).set(n)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        start_http_server(port, addr=addr, registry=self.registry)

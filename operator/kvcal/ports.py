@@ -1,0 +1,100 @@
+"""Protocols between the operator's services and the outside world. Fakes for tests live beside their tests.
+
+No port takes a clock: time is passed in by the caller (the reconciler reads its injected clock once per pass).
+"""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from kvcal.models.spec import AnalysisSpec, KVCalibrationSpec
+from kvcal.models.status import Measurement
+
+Manifest = dict[str, Any]
+# Kinds the operator reads or writes; adapters map them to API groups.
+Kind = Literal["KVCalibration", "Job", "ConfigMap", "Deployment", "Service", "Pod"]
+
+
+class Conflict(Exception):
+    """The object changed since it was read (HTTP 409 on an update carrying a resourceVersion)."""
+
+
+class Kube(Protocol):
+    """The Kubernetes API as the operator needs it. Objects are plain camelCase dicts, as the API serves them."""
+
+    def get(self, kind: Kind, namespace: str, name: str) -> Manifest | None:
+        """The object, or None when it does not exist."""
+        ...
+
+    def list(self, kind: Kind, namespace: str, labels: Mapping[str, str]) -> list[Manifest]: ...
+
+    def create(self, manifest: Manifest) -> bool:
+        """Create; False (and no error) when an object of that name already exists."""
+        ...
+
+    def apply(self, manifest: Manifest) -> None:
+        """Create, or merge-patch the existing object's labels and spec to the manifest's."""
+        ...
+
+    def patch(self, kind: Kind, namespace: str, name: str, patch: Manifest) -> None:
+        """JSON merge patch (RFC 7386)."""
+        ...
+
+    def delete(self, kind: Kind, namespace: str, name: str) -> bool:
+        """Delete (background propagation); False when it was already gone."""
+        ...
+
+    def termination_message(self, namespace: str, job_name: str) -> str | None:
+        """The termination message of the newest terminated pod of a Job."""
+        ...
+
+    def replace_status(self, namespace: str, name: str, resource_version: str, status: Manifest) -> None:
+        """Replace status.* of a KVCalibration; raises Conflict when resource_version is stale."""
+        ...
+
+    def remove_annotations(self, namespace: str, name: str, keys: Sequence[str]) -> None: ...
+
+    def emit_event(self, involved: Manifest, type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event about `involved` (a full object: kind, metadata.name/namespace/uid are used)."""
+        ...
+
+
+class Metrics(Protocol):
+    """Canary vs baseline metrics over the last window (Prometheus in production)."""
+
+    def measure(self, spec: AnalysisSpec, window_seconds: float) -> list[Measurement]: ...
+
+
+class Probes(Protocol):
+    """The same prompts sent to baseline and canary; one Measurement per probe family."""
+
+    def run(self, spec: AnalysisSpec, baseline_url: str, canary_url: str) -> list[Measurement]: ...
+
+
+class Router(Protocol):
+    """Sends `weight` percent of user traffic to the canary (no-op for the replicas and none routers)."""
+
+    def set_weight(self, target: "Target", weight: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class Target:
+    """What an analysis adapter needs to find one KVCalibration's baseline and canary."""
+
+    namespace: str
+    name: str
+    spec: KVCalibrationSpec
+    canary_deployment: str
+    canary_service: str
+    baseline_url: str
+    canary_url: str
+
+
+class AnalysisBackends(Protocol):
+    """Builds the Metrics, Probes and Router for one KVCalibration (they depend on its namespace and names)."""
+
+    def metrics(self, target: Target) -> Metrics | None: ...
+
+    def probes(self, target: Target) -> Probes | None: ...
+
+    def router(self, target: Target) -> Router | None: ...

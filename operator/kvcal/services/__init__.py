@@ -1,0 +1,1 @@
+"""Services: orchestrate the pure core and the adapters (observe -> decide -> act)."""

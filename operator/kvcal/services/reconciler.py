@@ -1,0 +1,267 @@
+"""observe -> decide -> act -> one status write (+ events).
+
+The only place where the pure core meets the adapters. A pass reads the KVCalibration and its children fresh from the
+API, lets `decide` compute the whole next status and the actions, performs the actions (idempotent: deterministic
+names, create-if-absent), writes the status once with the resourceVersion it read (a 409 re-runs the pass), then
+emits the events and clears the gate annotations it acted on.
+"""
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime
+
+from pydantic import ValidationError
+
+from kvcal.core.analysis import error_measurement, timestamp
+from kvcal.core.decide import decide, measurement_due
+from kvcal.core.manifests import Owner, calibration_job_name, canary_name, verification_job_name
+from kvcal.core.manifests.common import LABEL_CALIBRATION, LABEL_MANAGED_BY, MANAGED_BY, label_value
+from kvcal.core.observations import (
+    GATE_ANNOTATIONS,
+    Apply,
+    ChildKind,
+    ClearAnnotations,
+    Create,
+    Decision,
+    Delete,
+    DeploymentState,
+    JobState,
+    Observations,
+    Patch,
+    SetWeight,
+)
+from kvcal.core.spechash import spec_hash
+from kvcal.metrics import OperatorMetrics
+from kvcal.models.spec import KVCalibrationSpec
+from kvcal.models.status import TERMINAL_PHASES, KVCalibrationStatus, Measurement
+from kvcal.ports import AnalysisBackends, Conflict, Kube, Manifest, Target
+
+log = logging.getLogger(__name__)
+MAX_CONFLICT_RETRIES = 3
+
+
+def parse_spec(obj: Manifest) -> tuple[KVCalibrationSpec | None, str | None]:
+    try:
+        return KVCalibrationSpec.model_validate(obj.get("spec") or {}), None
+    except ValidationError as e:
+        problems = [f"spec.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()]
+        return None, "; ".join(problems)[:1024]
+
+
+def parse_status(obj: Manifest) -> KVCalibrationStatus:
+    try:
+        return KVCalibrationStatus.model_validate(obj.get("status") or {})
+    except ValidationError as e:
+        log.warning("unreadable status of %s, starting over: %s", obj["metadata"]["name"], e)
+        return KVCalibrationStatus()
+
+
+def job_state(job: Manifest | None, message: Callable[[str], str | None]) -> JobState | None:
+    """Summarise a Job the way the Job controller reports it; `message` reads the pod's termination message."""
+    if job is None:
+        return None
+    name = job["metadata"]["name"]
+    deleting = bool(job["metadata"].get("deletionTimestamp"))
+    for cond in job.get("status", {}).get("conditions") or []:
+        if cond.get("status") != "True" or cond.get("type") not in ("Complete", "Failed"):
+            continue
+        text = message(name) or cond.get("message") or ""
+        if cond["type"] == "Complete":
+            return JobState(name, "Succeeded", text, cond.get("reason", ""), deleting)
+        return JobState(name, "Failed", text, cond.get("reason", ""), deleting)
+    return JobState(name, "Running", deleting=deleting)
+
+
+def deployment_state(deployment: Manifest | None) -> DeploymentState | None:
+    if deployment is None:
+        return None
+    status = deployment.get("status") or {}
+    stuck = any(
+        c.get("type") == "Progressing" and c.get("status") == "False" and c.get("reason") == "ProgressDeadlineExceeded"
+        for c in status.get("conditions") or []
+    )
+    return DeploymentState(
+        manifest=deployment,
+        replicas=int(deployment["spec"].get("replicas", 1)),
+        ready_replicas=int(status.get("readyReplicas", 0)),
+        updated_replicas=int(status.get("updatedReplicas", 0)),
+        available_replicas=int(status.get("availableReplicas", 0)),
+        generation=int(deployment["metadata"].get("generation", 1)),
+        observed_generation=int(status.get("observedGeneration", 0)),
+        progress_deadline_exceeded=stuck,
+    )
+
+
+def service_url(service: Manifest | None, namespace: str, name: str) -> str:
+    ports = (service or {}).get("spec", {}).get("ports") or [{"port": 80}]
+    return f"http://{name}.{namespace}.svc:{ports[0]['port']}"
+
+
+class Reconciler:
+    def __init__(
+        self,
+        kube: Kube,
+        clock: Callable[[], datetime],
+        backends: AnalysisBackends | None = None,
+        metrics: OperatorMetrics | None = None,
+    ) -> None:
+        self.kube = kube
+        self.clock = clock
+        self.backends = backends
+        self.metrics = metrics
+
+    def reconcile(self, namespace: str, name: str) -> float | None:
+        """One pass; returns seconds until the next one (None: only when something changes)."""
+        started = time.monotonic()
+        result = "error"
+        try:
+            for _ in range(MAX_CONFLICT_RETRIES):
+                try:
+                    requeue = self._pass(namespace, name)
+                    result = "ok"
+                    return requeue
+                except Conflict as e:
+                    result = "conflict"
+                    log.info("%s; re-reading", e)
+            return 1.0
+        finally:
+            if self.metrics:
+                self.metrics.reconciled(result, time.monotonic() - started)
+
+    def _pass(self, namespace: str, name: str) -> float | None:
+        obj = self.kube.get("KVCalibration", namespace, name)
+        if obj is None or obj["metadata"].get("deletionTimestamp"):
+            if self.metrics:
+                self.metrics.set_phase(namespace, name, None)
+            return None
+        now = self.clock()
+        spec, spec_error = parse_spec(obj)
+        status = parse_status(obj)
+        owner = Owner(name, namespace, obj["metadata"]["uid"])
+        obs = self.observe(obj, owner, spec, spec_error, status, now)
+        decision = decide(spec, status, obs, now)
+        target = self._target(owner, spec, obs) if spec else None
+        self.act(owner, decision, target)
+        if decision.status != status:
+            self.kube.replace_status(namespace, name, obj["metadata"]["resourceVersion"], decision.status.to_wire())
+        self._after_write(obj, owner, status, decision, now)
+        return decision.requeue_after
+
+    def _after_write(
+        self, obj: Manifest, owner: Owner, before: KVCalibrationStatus, decision: Decision, now: datetime
+    ) -> None:
+        for event in decision.events:
+            try:
+                self.kube.emit_event(obj, event.type, event.reason, event.message)
+            except Exception:  # an event is best effort: never fail a reconcile over it
+                log.exception("could not emit event %s", event.reason)
+        keys = tuple(k for a in decision.actions if isinstance(a, ClearAnnotations) for k in a.keys)
+        if keys:
+            self.kube.remove_annotations(owner.namespace, owner.name, sorted(set(keys)))
+        if self.metrics:
+            self.metrics.set_phase(owner.namespace, owner.name, decision.status.phase)
+            if decision.status.phase != before.phase and before.phase_started_at:
+                started = datetime.fromisoformat(before.phase_started_at.replace("Z", "+00:00"))
+                self.metrics.phase_left(before.phase, (now - started).total_seconds())
+
+    def observe(
+        self,
+        obj: Manifest,
+        owner: Owner,
+        spec: KVCalibrationSpec | None,
+        spec_error: str | None,
+        status: KVCalibrationStatus,
+        now: datetime,
+    ) -> Observations:
+        meta = obj["metadata"]
+        annotations: Mapping[str, str] = meta.get("annotations") or {}
+        gates = {k: v for k, v in annotations.items() if k in GATE_ANNOTATIONS and v}
+        base = Observations(owner=owner, generation=int(meta.get("generation", 1)), gates=gates, spec_error=spec_error)
+        if spec is None:
+            return base
+        ns = owner.namespace
+        h = spec_hash(spec)
+        read_messages = status.phase not in TERMINAL_PHASES
+
+        def message(job: str) -> str | None:
+            return self.kube.termination_message(ns, job) if read_messages else None
+
+        baseline = self.kube.get("Deployment", ns, spec.serving.baseline.deployment)
+        obs = Observations(
+            owner=owner,
+            generation=base.generation,
+            gates=gates,
+            calibration_job=job_state(self.kube.get("Job", ns, calibration_job_name(owner.name, h)), message),
+            verification_job=job_state(self.kube.get("Job", ns, verification_job_name(owner.name, h)), message),
+            canary=deployment_state(self.kube.get("Deployment", ns, canary_name(owner.name))),
+            baseline=deployment_state(baseline),
+            baseline_service=self.kube.get("Service", ns, spec.serving.baseline.service),
+        )
+        if measurement_due(spec.analysis, status, now):
+            target = self._target(owner, spec, obs)
+            obs = Observations(**{**obs.__dict__, "measurements": tuple(self.measure(target, now))})
+        return obs
+
+    def _target(self, owner: Owner, spec: KVCalibrationSpec, obs: Observations) -> Target:
+        canary = canary_name(owner.name)
+        return Target(
+            namespace=owner.namespace,
+            name=owner.name,
+            spec=spec,
+            canary_deployment=canary,
+            canary_service=canary,
+            baseline_url=service_url(obs.baseline_service, owner.namespace, spec.serving.baseline.service),
+            canary_url=service_url(obs.baseline_service, owner.namespace, canary),
+        )
+
+    def measure(self, target: Target, now: datetime) -> list[Measurement]:
+        """Metrics and probes of one interval; an adapter that raises yields an Error measurement, never a pass."""
+        if self.backends is None:
+            return []
+        analysis = target.spec.analysis
+        out: list[Measurement] = []
+        metrics = self.backends.metrics(target)
+        if metrics is not None:
+            try:
+                out += metrics.measure(analysis, analysis.interval_seconds)
+            except Exception as e:
+                out.append(error_measurement("prometheus", f"{type(e).__name__}: {e}", at=timestamp(now)))
+        probes = self.backends.probes(target)
+        if probes is not None:
+            try:
+                out += probes.run(analysis, target.baseline_url, target.canary_url)
+            except Exception as e:
+                out.append(error_measurement("probes", f"{type(e).__name__}: {e}", at=timestamp(now)))
+        return out
+
+    def act(self, owner: Owner, decision: Decision, target: Target | None) -> None:
+        ns = owner.namespace
+        for action in decision.actions:
+            match action:
+                case Create(manifest=m):
+                    self.kube.create(m)
+                case Apply(manifest=m):
+                    self.kube.apply(m)
+                case Patch(kind=kind, name=name, patch=patch):
+                    self.kube.patch(kind, ns, name, patch)
+                case Delete(kind=kind, name=name):
+                    self.kube.delete(kind, ns, name)
+                case SetWeight(weight=weight):
+                    router = self.backends.router(target) if self.backends and target else None
+                    if router is not None and target is not None:
+                        router.set_weight(target, weight)
+                case ClearAnnotations():
+                    pass  # after the status write: the status must record what the annotation caused
+
+    def cleanup(self, namespace: str, name: str) -> list[str]:
+        """On delete: remove every child we created (canary, Jobs, ConfigMaps); the baseline is never touched."""
+        removed: list[str] = []
+        selector = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_CALIBRATION: label_value(name)}
+        kinds: tuple[ChildKind, ...] = ("Deployment", "Service", "Job", "ConfigMap")
+        for kind in kinds:
+            for child in self.kube.list(kind, namespace, selector):
+                child_name = child["metadata"]["name"]
+                if self.kube.delete(kind, namespace, child_name):
+                    removed.append(f"{kind}/{child_name}")
+        return removed

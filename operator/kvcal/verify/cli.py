@@ -1,0 +1,94 @@
+"""`kvcal verify CHECKPOINT_DIR [--runtime] [--json] [--termination-log PATH]`.
+
+Exit 0 when the checkpoint is sound (and, with --runtime, vLLM really uses its scales); 1 with one line per problem
+otherwise; 2 when the checkpoint cannot be read at all."""
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from kvcal.verify import static
+from kvcal.verify.problems import Problem, termination_summary
+
+DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
+
+
+def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    p = sub.add_parser(
+        "verify",
+        help="check a calibrated checkpoint statically, or read its scales back from vLLM",
+        description="Check that a checkpoint's FP8 K/V scales are present, sane and named so vLLM loads them; with "
+        "--runtime, load it in vLLM and compare the scales vLLM really uses with the checkpoint's.",
+    )
+    p.add_argument("checkpoint", type=Path, metavar="CHECKPOINT_DIR")
+    p.add_argument("--runtime", action="store_true", help="also load the checkpoint in vLLM and read the scales back")
+    p.add_argument("--kv-cache-dtype", default="fp8", help="vLLM --kv-cache-dtype for --runtime (default: fp8)")
+    p.add_argument("--attention-backend", default=None, help="vLLM attention backend for --runtime (default: vLLM's)")
+    p.add_argument("--max-model-len", type=int, default=512, help="context length vLLM is started with (--runtime)")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of lines")
+    p.add_argument(
+        "--termination-log",
+        type=Path,
+        default=None,
+        help="write the <=4096-byte JSON summary here (default: /dev/termination-log when it exists)",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        result = static.verify(args.checkpoint)
+    except (OSError, ValueError) as err:
+        print(f"kvcal verify: {err}", file=sys.stderr)
+        return 2
+    problems: list[Problem] = list(result.problems)
+    notes: list[str] = []
+    mismatches = 0
+    loaded: list[dict[str, Any]] = []
+    if args.runtime:
+        from kvcal.verify import runtime
+
+        rows = runtime.read_back(args.checkpoint, args.kv_cache_dtype, args.attention_backend, args.max_model_len)
+        outcome = runtime.compare(result, rows, args.kv_cache_dtype)
+        problems += outcome.problems
+        notes += outcome.notes
+        mismatches = outcome.mismatches
+        loaded = [asdict(row) | {"layer": row.layer} for row in rows]
+    ok = not problems
+    lines = [p.line() for p in problems]
+    _write_termination(args.termination_log, termination_summary(ok, result.shape.layers, mismatches, lines, notes))
+    if args.json:
+        doc = {
+            "ok": ok,
+            "checkpoint": str(args.checkpoint),
+            "strategy": result.strategy,
+            "layers": result.shape.layers,
+            "kvHeads": result.shape.kv_heads,
+            "runtime": args.runtime,
+            "mismatches": mismatches,
+            "problems": [p.to_json() | {"line": p.line()} for p in problems],
+            "notes": notes,
+            "scales": {str(n): {"k": list(s.k), "v": list(s.v)} for n, s in result.scales.items()},
+            "loaded": loaded,
+        }
+        print(json.dumps(doc, indent=1))
+    else:
+        for line in lines:
+            print(line)
+        for note in notes:
+            print(f"note: {note}")
+        checked = "checkpoint and vLLM read-back" if args.runtime else "checkpoint"
+        verdict = "OK" if ok else f"FAILED ({len(problems)} problems)"
+        print(
+            f"{verdict}: {checked}, {result.shape.layers} layers, strategy {result.strategy}, {mismatches} mismatches"
+        )
+    return 0 if ok else 1
+
+
+def _write_termination(path: Path | None, text: str) -> None:
+    target = path or (DEFAULT_TERMINATION_LOG if DEFAULT_TERMINATION_LOG.exists() else None)
+    if target is not None:
+        target.write_text(text)

@@ -1,0 +1,111 @@
+"""How vLLM 0.32 names K/V scales in a checkpoint, and what it does with the other names seen in the wild.
+
+From vLLM 0.32's `QuantizationConfig.get_cache_scale_mapper()` (applied by AutoWeightsLoader) and
+`BaseKVCacheMethod.process_weights_after_loading()`: the standard llm-compressor name
+`model.layers.N.self_attn.k_scale` becomes the attention module's `...self_attn.attn.k_scale`. Other names are
+legacy: some are still remapped (loaded), some are not mapped at all, and then that layer silently runs at 1.0 (or
+the load fails). When only one of k/v is loaded, vLLM copies it into the other."""
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["k", "v"]
+Fate = Literal["canonical", "remapped", "dropped"]
+
+_LAYER = re.compile(r"^(?P<prefix>(?:.*\.)?)layers\.(?P<layer>\d+)\.(?P<rest>.+)$")
+
+
+@dataclass(frozen=True)
+class ScaleName:
+    """A checkpoint tensor recognised as a K and/or V scale of one layer."""
+
+    name: str
+    layer: int
+    kinds: tuple[Kind, ...]
+    fate: Fate
+    why: str  # for legacy names: what vLLM does with it, and the fix
+
+
+# suffix after `layers.N.` -> (kinds, fate, why). Order matters: the first match wins.
+_RENAME = "save it as self_attn.{kind}_scale (what llm-compressor writes and every vLLM version loads)"
+_RULES: tuple[tuple[str, tuple[Kind, ...], Fate, str], ...] = (
+    ("self_attn.k_scale", ("k",), "canonical", ""),
+    ("self_attn.v_scale", ("v",), "canonical", ""),
+    (
+        "self_attn.kv_scale",
+        ("k", "v"),
+        "remapped",
+        "deprecated single kv_scale: vLLM remaps it to k_scale and copies it into v_scale; save separate "
+        "self_attn.k_scale and self_attn.v_scale",
+    ),
+    (
+        "self_attn.attn.k_scale",
+        ("k",),
+        "remapped",
+        "vLLM's runtime parameter name, loaded as is by vLLM 0.32 "
+        "(older versions prefixed another '.attn' and dropped it); " + _RENAME.format(kind="k"),
+    ),
+    (
+        "self_attn.attn.v_scale",
+        ("v",),
+        "remapped",
+        "vLLM's runtime parameter name, loaded as is by vLLM 0.32 "
+        "(older versions prefixed another '.attn' and dropped it); " + _RENAME.format(kind="v"),
+    ),
+    ("self_attn.k_proj.k_scale", ("k",), "remapped", "ModelOpt name, remapped by vLLM; " + _RENAME.format(kind="k")),
+    ("self_attn.v_proj.v_scale", ("v",), "remapped", "ModelOpt name, remapped by vLLM; " + _RENAME.format(kind="v")),
+    ("self_attn.qkv_proj.k_scale", ("k",), "remapped", "fused-QKV name, remapped by vLLM; " + _RENAME.format(kind="k")),
+    ("self_attn.qkv_proj.v_scale", ("v",), "remapped", "fused-QKV name, remapped by vLLM; " + _RENAME.format(kind="v")),
+    (
+        "self_attn.k_cache.scale",
+        ("k",),
+        "remapped",
+        "k_cache.scale name, remapped by vLLM; " + _RENAME.format(kind="k"),
+    ),
+    (
+        "self_attn.v_cache.scale",
+        ("v",),
+        "remapped",
+        "v_cache.scale name, remapped by vLLM; " + _RENAME.format(kind="v"),
+    ),
+    (
+        "self_attn.k_proj.output_scale",
+        ("k",),
+        "dropped",
+        "old llm-compressor output_scale name: vLLM 0.32 has no mapping for it (older versions had), so it is not "
+        "loaded as the K scale; " + _RENAME.format(kind="k"),
+    ),
+    (
+        "self_attn.v_proj.output_scale",
+        ("v",),
+        "dropped",
+        "old llm-compressor output_scale name: vLLM 0.32 has no mapping for it (older versions had), so it is not "
+        "loaded as the V scale; " + _RENAME.format(kind="v"),
+    ),
+)
+
+
+def classify(name: str) -> ScaleName | None:
+    """The scale this tensor name stands for, or None if it is not a K/V scale."""
+    match = _LAYER.match(name)
+    if not match:
+        return None
+    rest = match["rest"]
+    for suffix, kinds, fate, why in _RULES:
+        if rest == suffix:
+            return ScaleName(name, int(match["layer"]), kinds, fate, why)
+    return None
+
+
+def canonical_name(prefix: str, layer: int, kind: Kind) -> str:
+    return f"{prefix}layers.{layer}.self_attn.{kind}_scale"
+
+
+def layer_prefix(names: list[str]) -> str:
+    """The prefix in front of `layers.N.` used by this checkpoint's weights (`model.` for most decoder models)."""
+    for name in names:
+        match = _LAYER.match(name)
+        if match and match["rest"].startswith("self_attn."):
+            return match["prefix"]
+    return "model."

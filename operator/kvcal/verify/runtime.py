@@ -1,0 +1,164 @@
+"""`kvcal verify CHECKPOINT_DIR --runtime`: load the checkpoint in real vLLM, read back the K/V scales each attention
+layer really uses, and compare them with the checkpoint's.
+
+vLLM logs nothing when scales are missing (it runs at 1.0), ignored, or collapsed from per-head to one value per
+layer (its CPU backend takes the max over heads), and it silently switches `--kv-cache-dtype auto` to fp8 when the
+checkpoint has a kv_cache_scheme. Reading the loaded modules is the only proof. `compare()` is pure; `read_back()`
+starts vLLM."""
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvcal.verify.problems import Problem
+from kvcal.verify.static import BF16_REL_TOL, StaticResult
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class LoadedScale:
+    """One attention module as vLLM loaded it."""
+
+    module: str
+    k: float
+    v: float
+    kv_cache_dtype: str
+    method: str
+    k_values: tuple[float, ...] = ()  # the scale tensor, when the backend keeps per-head values
+    v_values: tuple[float, ...] = ()
+
+    @property
+    def layer(self) -> int | None:
+        match = _LAYER.search(self.module)
+        return int(match[1]) if match else None
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> "LoadedScale":
+        """A row of `kvcal.verify.readback.read_kv_scales` (5 fields in older captures, 7 now)."""
+        k_values = tuple(float(x) for x in row[5]) if len(row) > 5 else ()
+        v_values = tuple(float(x) for x in row[6]) if len(row) > 6 else ()
+        return cls(str(row[0]), float(row[1]), float(row[2]), str(row[3]), str(row[4]), k_values, v_values)
+
+
+@dataclass
+class RuntimeResult:
+    layers: int
+    mismatches: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    loaded: list[LoadedScale] = field(default_factory=list)
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= abs(b) * BF16_REL_TOL + 1e-12
+
+
+def _compare_one(layer: int, kind: str, expected: tuple[float, ...], row: LoadedScale) -> Problem | None:
+    got = row.k if kind == "k" else row.v
+    got_values = row.k_values if kind == "k" else row.v_values
+    tensor = f"{row.module}._{kind}_scale"
+    if not expected:  # the checkpoint has none (static verify says so): vLLM must be at its default
+        return (
+            None if got == 1.0 else Problem("mismatch", f"{got} loaded but the checkpoint has no scale", layer, tensor)
+        )
+    per_head = len(expected) > 1 and len(set(expected)) > 1
+    if per_head and len(got_values) == len(expected):
+        if all(_close(g, e) for g, e in zip(got_values, expected, strict=True)):
+            return None
+    if per_head and _close(got, max(expected)):
+        return Problem(
+            "collapsed",
+            f"per-head scales {[round(e, 6) for e in expected]} collapsed to one per-tensor scale {got:.6g} (the max "
+            "over heads): this attention backend does not apply per-head scales (calibrate with strategy tensor, or "
+            "serve on a backend that supports per-head, such as FLASH_ATTN on CUDA)",
+            layer,
+            tensor,
+        )
+    want = max(expected)
+    if got == 1.0 and want != 1.0:
+        return Problem(
+            "runtime-missing",
+            f"vLLM runs this layer at scale 1.0 but the checkpoint has {want:.6g}: the scale was not loaded "
+            f"(quant method {row.method}; a kv_cache_scheme in config.json and the standard name are needed)",
+            layer,
+            tensor,
+        )
+    if not _close(got, want):
+        return Problem("mismatch", f"vLLM uses {got:.6g}, the checkpoint has {want:.6g}", layer, tensor)
+    return None
+
+
+def compare(checkpoint: StaticResult, loaded: Sequence[LoadedScale], requested_dtype: str) -> RuntimeResult:
+    result = RuntimeResult(layers=checkpoint.shape.layers, loaded=list(loaded))
+    by_layer = {row.layer: row for row in loaded if row.layer is not None}
+    dtypes = sorted({row.kv_cache_dtype for row in loaded})
+    if not loaded:
+        result.problems.append(Problem("runtime-absent", "vLLM's model has no attention module with K/V scales"))
+    if loaded and not any(d.startswith("fp8") for d in dtypes):
+        result.problems.append(
+            Problem(
+                "not-fp8",
+                f"vLLM stores the KV cache as {', '.join(dtypes)}: the scales are unused (serve with "
+                "--kv-cache-dtype fp8)",
+            )
+        )
+    if requested_dtype == "auto" and any(d.startswith("fp8") for d in dtypes) and checkpoint.strategy:
+        result.notes.append(
+            "vLLM switched --kv-cache-dtype auto to fp8 because config.json carries a kv_cache_scheme: "
+            "serving this checkpoint always quantizes the KV cache"
+        )
+    for layer in range(checkpoint.shape.layers):
+        row = by_layer.get(layer)
+        if row is None:
+            result.problems.append(Problem("runtime-absent", "no attention module for this layer in vLLM", layer))
+            result.mismatches += 1
+            continue
+        scales = checkpoint.scales.get(layer)
+        for kind in ("k", "v"):
+            expected = (scales.k if kind == "k" else scales.v) if scales else ()
+            problem = _compare_one(layer, kind, expected, row)
+            if problem:
+                result.problems.append(problem)
+                result.mismatches += 1
+    collapsed = [p for p in result.problems if p.code == "collapsed"]
+    if collapsed:
+        result.notes.append(f"{len(collapsed)} per-head scales collapsed to per-tensor by this attention backend")
+    return result
+
+
+def read_back(
+    checkpoint: Path,
+    kv_cache_dtype: str = "fp8",
+    attention_backend: str | None = None,
+    max_model_len: int = 512,
+) -> list[LoadedScale]:
+    """Loads the checkpoint in a real vLLM engine (eager, small context) and reads every attention module's scales."""
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model pickles our function
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB on the CPU backend: the read-back needs no cache
+    from vllm import LLM  # imported here: the static verifier must not need vLLM
+
+    from kvcal.verify.readback import read_kv_scales
+
+    kwargs: dict[str, Any] = {
+        "model": str(checkpoint),
+        "kv_cache_dtype": kv_cache_dtype,
+        "enforce_eager": True,
+        "max_model_len": max_model_len,
+        "max_num_seqs": 4,
+    }
+    if attention_backend:
+        kwargs["attention_config"] = {"backend": attention_backend}
+    llm = LLM(**kwargs)
+    try:
+        per_worker = llm.apply_model(read_kv_scales)
+    finally:
+        shutdown = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if shutdown is not None and hasattr(shutdown, "shutdown"):
+            shutdown.shutdown()
+        del llm
+    rows = per_worker[0] if per_worker else []
+    return [LoadedScale.from_row(row) for row in rows]

@@ -1,0 +1,171 @@
+"""Scenario tests: the real Prometheus scrapes two exporters serving vLLM's metric names (baseline and canary,
+controlled latency distributions); PrometheusMetrics measures them and assess_run decides, interval by interval."""
+
+import itertools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pytest
+
+from kvcal.adapters.prometheus import PrometheusMetrics
+from kvcal.core import promql
+from kvcal.core.analysis import AnalysisVerdict, assess_run
+from kvcal.models.spec import AnalysisSpec, LatencyCheck, PrometheusRef
+from kvcal.models.status import AnalysisStatus
+from tests.support.exporter import Profile, VllmExporter
+from tests.support.prometheus import PrometheusServer, free_port
+
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
+
+WINDOW_SECONDS = 3
+GOOD = Profile(rate=80, ttft_median=0.15, itl_median=0.03, sigma=0.1)
+SLOW = Profile(rate=80, ttft_median=0.30, itl_median=0.045, sigma=0.1)  # TTFT x2, ITL x1.5
+IDLE = Profile(rate=0)
+_ids = itertools.count()
+
+
+@dataclass
+class Rollout:
+    prometheus: PrometheusServer
+    baseline: VllmExporter
+    canary: VllmExporter
+    namespace: str
+    selector: promql.Selector
+
+    def settle(self, scrapes: int = WINDOW_SECONDS + 1) -> None:
+        """Let the whole query window fill with samples of the current profiles."""
+        for _ in range(scrapes):
+            self.prometheus.wait_next_scrape(f'namespace="{self.namespace}"')
+
+    def intervals(self, spec: AnalysisSpec, profiles: list[Profile]) -> list[AnalysisVerdict]:
+        """One analysis interval per canary profile, stopping at the first Passed/Failed."""
+        metrics = PrometheusMetrics(self.selector)
+        status, verdicts = AnalysisStatus(), []
+        for profile in profiles:
+            if profile != self.canary.profile:
+                self.canary.profile = profile
+                self.settle()
+            else:
+                self.settle(2)
+            verdict = assess_run(spec, status, metrics.measure(spec, WINDOW_SECONDS), datetime.now(UTC))
+            verdicts.append(verdict)
+            status = verdict.status
+            if verdict.outcome != "Running":
+                break
+        return verdicts
+
+
+@pytest.fixture
+def rollout(prometheus: PrometheusServer, request: pytest.FixtureRequest) -> Iterator[Rollout]:
+    canary_profile: Profile = getattr(request, "param", GOOD)
+    ns = f"analysis-{next(_ids)}"
+    baseline = VllmExporter(GOOD, seed=1).start()
+    canary = VllmExporter(canary_profile, seed=2).start()
+    prometheus.set_targets(
+        ns,
+        {
+            baseline.target: {"namespace": ns, "pod": "llama-bf16-5d4f8b7c9-x1y2z", "role": "baseline"},
+            canary.target: {"namespace": ns, "pod": "llama-bf16-kvcal-canary-6c7d9f-abcde", "role": "canary"},
+        },
+    )
+    try:
+        prometheus.wait_targets_up([baseline.target, canary.target])
+        r = Rollout(
+            prometheus, baseline, canary, ns, promql.pod_regex_selector(ns, "llama-bf16", "llama-bf16-kvcal-canary")
+        )
+        r.settle()
+        yield r
+    finally:
+        prometheus.remove_targets(ns)
+        baseline.stop()
+        canary.stop()
+
+
+def spec_for(server: PrometheusServer | None, **overrides: object) -> AnalysisSpec:
+    values: dict[str, object] = {
+        "prometheus": PrometheusRef(address=server.url if server else "http://unused"),
+        "min_requests": 50,
+        "successful_intervals": 3,
+        "failure_limit": 2,
+        "inconclusive_limit": 3,
+        "consecutive_error_limit": 2,
+        "latency": [LatencyCheck(metric="ttft"), LatencyCheck(metric="itl"), LatencyCheck(metric="e2e", quantile=0.99)],
+    }
+    values.update(overrides)
+    return AnalysisSpec.model_validate(values)
+
+
+def test_regression_rolls_back_within_the_failure_limit(rollout: Rollout) -> None:
+    spec = spec_for(rollout.prometheus)
+    verdicts = rollout.intervals(spec, [SLOW] * 4)
+    assert [v.outcome for v in verdicts] == ["Running", "Failed"]
+    assert verdicts[-1].reason.startswith("FailureLimit: 2 failed intervals")
+    last = {m.metric: m for m in verdicts[-1].status.measurements[-7:]}
+    ttft = last["ttft-p95"]
+    assert ttft.phase == "Failed" and ttft.canary is not None and ttft.baseline is not None
+    assert ttft.canary > 1.3 * ttft.baseline
+    assert ttft.query is not None and "time_to_first_token_seconds_bucket" in ttft.query
+    assert last["requests"].phase == "Successful" and (last["requests"].canary or 0) >= 50
+    assert verdicts[-1].status.ttft_p95_delta is not None and verdicts[-1].status.ttft_p95_delta.startswith("+")
+
+
+def test_no_regression_passes(rollout: Rollout) -> None:
+    # Same run through the role-label selector (pods labelled kvcal.dev/role, mapped to `role` by the scrape).
+    rollout.selector = promql.role_label_selector(rollout.namespace)
+    spec = spec_for(rollout.prometheus)
+    verdicts = rollout.intervals(spec, [GOOD] * 5)
+    assert [v.outcome for v in verdicts] == ["Running", "Running", "Passed"]
+    final = verdicts[-1].status
+    assert final.consecutive_successes == 3 and final.failures == 0
+    error_rate = next(m for m in reversed(final.measurements) if m.metric == "errorRate")
+    assert error_rate.phase == "Successful" and error_rate.canary == 0.0
+
+
+@pytest.mark.parametrize("rollout", [IDLE], indirect=True)
+def test_no_traffic_is_inconclusive_and_never_passes(rollout: Rollout) -> None:
+    spec = spec_for(rollout.prometheus)
+    verdicts = rollout.intervals(spec, [IDLE] * 5)
+    assert [v.interval for v in verdicts] == ["Inconclusive"] * 3
+    assert [v.outcome for v in verdicts] == ["Running", "Running", "Failed"]
+    assert verdicts[-1].reason.startswith("InconclusiveLimit")
+    requests = next(m for m in verdicts[0].status.measurements if m.metric == "requests")
+    assert requests.canary == 0 and "canary: 0 requests < minRequests 50" in (requests.message or "")
+    latency = next(m for m in verdicts[0].status.measurements if m.metric == "ttft-p95")
+    assert latency.phase == "Inconclusive" and latency.canary is None  # NaN from Prometheus is not stored
+
+
+def test_prometheus_down_counts_errors_then_fails() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there: connection refused, as for a Prometheus down
+    spec = spec_for(None, prometheus=PrometheusRef(address=dead))
+    metrics = PrometheusMetrics(promql.role_label_selector("ns"))
+    status, verdicts = AnalysisStatus(), []
+    for _ in range(3):
+        verdict = assess_run(spec, status, metrics.measure(spec, WINDOW_SECONDS), datetime.now(UTC))
+        verdicts.append(verdict)
+        status = verdict.status
+        if verdict.outcome != "Running":
+            break
+    assert [v.interval for v in verdicts] == ["Error", "Error"]
+    assert [v.outcome for v in verdicts] == ["Running", "Failed"]
+    assert verdicts[-1].reason.startswith("ConsecutiveErrorLimit")
+    m = verdicts[-1].status.measurements[-1]
+    assert m.metric == "prometheus" and m.phase == "Error" and "unreachable" in (m.message or "")
+
+
+def test_flapping_canary_never_passes_and_failures_add_up(rollout: Rollout) -> None:
+    spec = spec_for(rollout.prometheus)
+    verdicts = rollout.intervals(spec, [GOOD, SLOW, GOOD, GOOD, SLOW, GOOD])
+    assert [v.interval for v in verdicts] == ["Successful", "Failed", "Successful", "Successful", "Failed"]
+    assert [v.outcome for v in verdicts] == ["Running"] * 4 + ["Failed"]
+
+
+def test_canary_errors_fail_the_error_rate(rollout: Rollout) -> None:
+    spec = spec_for(rollout.prometheus, max_error_rate=0.05)
+    failing = Profile(rate=80, ttft_median=0.15, itl_median=0.03, sigma=0.1, error_rate=0.3)
+    verdicts = rollout.intervals(spec, [failing] * 3)
+    assert verdicts[-1].outcome == "Failed"
+    error_rate = next(m for m in reversed(verdicts[-1].status.measurements) if m.metric == "errorRate")
+    assert error_rate.phase == "Failed" and error_rate.canary is not None and not math.isnan(error_rate.canary)
+    assert 0.15 < error_rate.canary < 0.45 and error_rate.baseline == 0.0

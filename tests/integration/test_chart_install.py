@@ -1,0 +1,331 @@
+"""`helm install` of charts/kvcal on the real control plane, then every API call the operator makes, replayed with a
+token of the chart's own ServiceAccount: none may be Forbidden, and calls outside the role must be.
+
+`service_account_kubeconfig` and `install_chart` are reusable (the lifecycle test runs the operator under the token).
+"""
+
+import json
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.cluster import Cluster
+
+pytestmark = pytest.mark.cluster
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "kvcal"
+FORBIDDEN = "Forbidden"
+
+
+@dataclass(frozen=True)
+class Release:
+    name: str
+    namespace: str
+    service_account: str
+    kubeconfig: Path  # authenticates as the chart's ServiceAccount
+
+
+def helm(control_plane: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [str(Path(control_plane.bin_dir) / "helm"), *args, "--kubeconfig", str(control_plane.kubeconfig)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=control_plane.env())
+
+
+def service_account_kubeconfig(control_plane: Cluster, namespace: str, service_account: str, out: Path) -> Path:
+    """A kubeconfig for the same API server that authenticates only with a fresh token of NAMESPACE/SERVICE_ACCOUNT."""
+    return Path(control_plane.token_kubeconfig(namespace, service_account, out))
+
+
+def install_chart(
+    control_plane: Cluster, namespace: str, release: str, values: dict[str, str], workdir: Path
+) -> Release:
+    """helm install (no --wait: there is no kubelet, the operator pod never runs here) and an SA kubeconfig."""
+    sets = [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
+    proc = helm(control_plane, "install", release, str(CHART), "--namespace", namespace, *sets)
+    assert proc.returncode == 0, f"helm install failed:\n{proc.stdout}\n{proc.stderr}"
+    manifest_out = helm(control_plane, "get", "manifest", release, "--namespace", namespace).stdout
+    (sa,) = [d["metadata"]["name"] for d in yaml.safe_load_all(manifest_out) if d and d["kind"] == "ServiceAccount"]
+    kubeconfig = service_account_kubeconfig(control_plane, namespace, sa, workdir / f"{release}.kubeconfig")
+    return Release(release, namespace, sa, kubeconfig)
+
+
+def uninstall_chart(control_plane: Cluster, release: Release) -> None:
+    helm(control_plane, "uninstall", release.name, "--namespace", release.namespace)
+
+
+class AsServiceAccount:
+    """kubectl authenticated as the chart's ServiceAccount; records every call and its outcome."""
+
+    def __init__(self, control_plane: Cluster, release: Release) -> None:
+        self.control_plane = control_plane
+        self.release = release
+        self.calls: list[tuple[str, subprocess.CompletedProcess[str]]] = []
+
+    def __call__(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        proc = self.control_plane.kubectl(*args, check=False, input=stdin, kubeconfig=str(self.release.kubeconfig))
+        self.calls.append((" ".join(args), proc))
+        return proc
+
+    def forbidden(self) -> list[str]:
+        return [f"{cmd}: {p.stderr.strip()}" for cmd, p in self.calls if FORBIDDEN in p.stderr]
+
+    def failed(self) -> list[str]:
+        return [f"{cmd}: {p.stderr.strip()}" for cmd, p in self.calls if p.returncode != 0]
+
+
+def manifest(obj: dict[str, Any]) -> str:
+    return json.dumps(obj)
+
+
+def kvcalibration(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "kvcal.dev/v1alpha1",
+        "kind": "KVCalibration",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"source": "pvc://models/smollm2"},
+            "calibration": {"dataset": {"source": "configmap://calib/prompts.jsonl"}, "output": "pvc://models/out"},
+            "serving": {"baseline": {"deployment": "smollm2", "service": "smollm2"}},
+        },
+    }
+
+
+def job(name: str) -> dict[str, Any]:
+    container = {"name": "calibrate", "image": "ghcr.io/kvcal/kvcal-calibrator:0.1.0", "args": ["--config", "/c"]}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never", "containers": [container]}}},
+    }
+
+
+def deployment(name: str) -> dict[str, Any]:
+    labels = {"app": name}
+    container = {"name": "vllm", "image": "vllm/vllm-openai:v0.32.0", "args": ["--kv-cache-dtype", "fp8_e4m3"]}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}},
+        },
+    }
+
+
+def core_event(namespace: str, regarding: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{regarding}.kvcal-rbac", "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": "kvcal.dev/v1alpha1",
+            "kind": "KVCalibration",
+            "name": regarding,
+            "namespace": namespace,
+        },
+        "reason": "Calibrating",
+        "message": "calibration Job created",
+        "type": "Normal",
+        "source": {"component": "kvcal"},
+    }
+
+
+def events_k8s_io_event(namespace: str, regarding: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"name": f"{regarding}.kvcal-rbac-v1", "namespace": namespace},
+        "eventTime": "2026-01-01T00:00:00.000000Z",
+        "regarding": {
+            "apiVersion": "kvcal.dev/v1alpha1",
+            "kind": "KVCalibration",
+            "name": regarding,
+            "namespace": namespace,
+        },
+        "reason": "Calibrating",
+        "action": "CreateJob",
+        "note": "calibration Job created",
+        "type": "Normal",
+        "reportingController": "kvcal.dev/operator",
+        "reportingInstance": "kvcal-operator",
+    }
+
+
+def release_name() -> str:
+    """Unique per test: the ClusterRole and ClusterRoleBinding are named after the release and are cluster-wide."""
+    return f"r{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="kvcal-chart-") as d:
+        yield Path(d)
+
+
+@pytest.fixture
+def cluster_release(control_plane: Cluster, crd_installed: Any, namespace: str, workdir: Path) -> Iterator[Release]:
+    release = install_chart(control_plane, namespace, release_name(), {}, workdir)
+    yield release
+    uninstall_chart(control_plane, release)
+
+
+def exercise_operator_calls(sa: AsServiceAccount, namespace: str, all_namespaces: bool) -> None:
+    """Every call kopf and kvcal.adapters.kube make, in the order of one lifecycle."""
+    admin_created = "rbac-demo"
+    ns = ["-n", namespace]
+    scope = ["-A"] if all_namespaces else ns
+    # kopf: discovery, then list+watch of the custom resource.
+    sa("get", "customresourcedefinitions", "kvcalibrations.kvcal.dev", "-o", "name")
+    sa("get", "customresourcedefinitions", "-o", "name")
+    sa("get", "kvcalibrations", *scope, "-o", "name")
+    base = "/apis/kvcal.dev/v1alpha1" + ("" if all_namespaces else f"/namespaces/{namespace}")
+    sa("get", "--raw", f"{base}/kvcalibrations?watch=1&timeoutSeconds=1")
+    # kopf: finalizer and progress annotations on the object; the operator's single status write.
+    sa("get", "kvcalibration", admin_created, *ns, "-o", "json")
+    sa(
+        "patch",
+        "kvcalibration",
+        admin_created,
+        *ns,
+        "--type=merge",
+        "-p",
+        '{"metadata": {"finalizers": ["kvcal.dev/operator"], "annotations": {"kvcal.dev/last": "1"}}}',
+    )
+    sa(
+        "patch",
+        "kvcalibration",
+        admin_created,
+        *ns,
+        "--type=merge",
+        "--subresource=status",
+        "-p",
+        '{"status": {"phase": "Calibrating", "observedGeneration": 1}}',
+    )
+    # The reconciler's status write: a PUT of the status subresource carrying the resourceVersion it read.
+    current = json.loads(sa("get", "kvcalibration", admin_created, *ns, "-o", "json").stdout or "{}")
+    current["status"] = {"phase": "Verifying", "observedGeneration": 1}
+    sa("replace", "--subresource=status", "-f", "-", *ns, stdin=manifest(current))
+    sa("patch", "kvcalibration", admin_created, *ns, "--type=merge", "-p", '{"metadata": {"finalizers": null}}')
+    # Events (core/v1, as kopf posts them; and events.k8s.io).
+    sa("create", "-f", "-", *ns, stdin=manifest(core_event(namespace, admin_created)))
+    sa("create", "-f", "-", *ns, stdin=manifest(events_k8s_io_event(namespace, admin_created)))
+    # The calibration Job's config, the Job, its pods' termination messages.
+    sa("create", "configmap", f"{admin_created}-config", *ns, "--from-literal=config.json={}")
+    sa("get", "configmap", f"{admin_created}-config", *ns)
+    sa("get", "configmaps", *scope, "-l", "app.kubernetes.io/managed-by=kvcal")
+    sa("patch", "configmap", f"{admin_created}-config", *ns, "--type=merge", "-p", '{"data": {"a": "b"}}')
+    sa("create", "-f", "-", *ns, stdin=manifest(job(f"{admin_created}-calibrate")))
+    sa("get", "job", f"{admin_created}-calibrate", *ns, "-o", "json")
+    sa("get", "jobs", *scope)
+    sa("get", "--raw", f"/apis/batch/v1/namespaces/{namespace}/jobs?watch=1&timeoutSeconds=1")
+    sa("patch", "job", f"{admin_created}-calibrate", *ns, "--type=merge", "-p", '{"metadata": {"labels": {"a": "b"}}}')
+    sa("get", "pods", *ns, "-l", f"job-name={admin_created}-calibrate", "-o", "json")
+    sa("get", "pod", "rbac-probe-pod", *ns, "-o", "json")
+    sa("get", "--raw", f"/api/v1/namespaces/{namespace}/pods?watch=1&timeoutSeconds=1")
+    sa("delete", "job", f"{admin_created}-calibrate", *ns, "--cascade=background")
+    sa("delete", "configmap", f"{admin_created}-config", *ns)
+    # Canary beside the baseline: read the baseline and its Service, create/scale/delete the canary.
+    sa("get", "service", "smollm2", *ns, "-o", "json")
+    canary_svc = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "smollm2-kvcal-canary"},
+        "spec": {"selector": {"app": "smollm2", "role": "canary"}, "ports": [{"port": 8000}]},
+    }
+    sa("create", "-f", "-", *ns, stdin=manifest(canary_svc))
+    sa("get", "services", *ns, "-l", "app.kubernetes.io/managed-by=kvcal")
+    sa("patch", "service", "smollm2-kvcal-canary", *ns, "--type=merge", "-p", '{"metadata": {"labels": {"a": "b"}}}')
+    sa("delete", "service", "smollm2-kvcal-canary", *ns)
+    sa("get", "deployment", "smollm2", *ns, "-o", "json")
+    sa("create", "-f", "-", *ns, stdin=manifest(deployment("smollm2-kvcal-canary")))
+    sa("get", "deployments", *scope)
+    sa("patch", "deployment", "smollm2-kvcal-canary", *ns, "--type=merge", "-p", '{"spec": {"replicas": 2}}')
+    sa("patch", "deployment", "smollm2", *ns, "--type=merge", "-p", '{"spec": {"replicas": 1}}')
+    sa("delete", "deployment", "smollm2-kvcal-canary", *ns)
+
+
+def make_admin_objects(control_plane: Cluster, namespace: str) -> None:
+    """What users own: the KVCalibration, the baseline Deployment and Service, a pod to read."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "rbac-probe-pod"},
+        "spec": {"containers": [{"name": "c", "image": "busybox:1.37"}]},
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "smollm2"},
+        "spec": {"selector": {"app": "smollm2"}, "ports": [{"port": 8000}]},
+    }
+    objs = {
+        "kind": "List",
+        "apiVersion": "v1",
+        "items": [kvcalibration("rbac-demo"), deployment("smollm2"), service, pod],
+    }
+    control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(objs))
+
+
+def test_chart_installs_and_operator_calls_are_allowed(
+    control_plane: Cluster, namespace: str, cluster_release: Release
+) -> None:
+    make_admin_objects(control_plane, namespace)
+    sa = AsServiceAccount(control_plane, cluster_release)
+    exercise_operator_calls(sa, namespace, all_namespaces=True)
+    assert sa.forbidden() == []
+    assert sa.failed() == []
+    assert len(sa.calls) >= 25
+
+
+def test_calls_outside_the_role_are_forbidden(control_plane: Cluster, namespace: str, cluster_release: Release) -> None:
+    sa = AsServiceAccount(control_plane, cluster_release)
+    outside = [
+        ("get", "secrets", "-n", namespace),
+        ("create", "serviceaccount", "intruder", "-n", namespace),
+        ("delete", "kvcalibration", "anything", "-n", namespace),
+        ("create", "clusterrolebinding", "escalate", "--clusterrole=cluster-admin", "--user=x"),
+        ("delete", "customresourcedefinition", "kvcalibrations.kvcal.dev"),
+        ("run", "intruder", "-n", namespace, "--image=busybox:1.37", "--restart=Never"),
+        ("exec", "rbac-probe-pod", "-n", namespace, "--", "true"),
+    ]
+    for call in outside:
+        proc = sa(*call)
+        assert proc.returncode != 0 and FORBIDDEN in proc.stderr, f"{call} was not Forbidden: {proc.stderr}"
+
+
+def test_gateway_api_routes_are_authorised_before_they_exist(
+    control_plane: Cluster, namespace: str, cluster_release: Release
+) -> None:
+    """Authorisation runs before routing: with no Gateway API CRD, an allowed call is NotFound, a denied one 403."""
+    sa = AsServiceAccount(control_plane, cluster_release)
+    route = f"/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/httproutes/llama"
+    allowed = sa("get", "--raw", route)
+    assert FORBIDDEN not in allowed.stderr and "NotFound" in allowed.stderr, allowed.stderr
+    denied = sa("get", "--raw", f"/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/gateways/llama")
+    assert FORBIDDEN in denied.stderr, denied.stderr
+
+
+def test_namespace_scope_is_confined_to_its_namespace(
+    control_plane: Cluster, crd_installed: Any, namespace: str, workdir: Path
+) -> None:
+    release = install_chart(control_plane, namespace, release_name(), {"rbac.scope": "namespace"}, workdir)
+    try:
+        make_admin_objects(control_plane, namespace)
+        sa = AsServiceAccount(control_plane, release)
+        exercise_operator_calls(sa, namespace, all_namespaces=False)
+        assert sa.forbidden() == []
+        assert sa.failed() == []
+        for outside in (("get", "kvcalibrations", "-A"), ("get", "jobs", "-n", "kube-system"), ("get", "namespaces")):
+            proc = sa(*outside)
+            assert FORBIDDEN in proc.stderr, f"{outside} was not Forbidden under rbac.scope=namespace"
+    finally:
+        uninstall_chart(control_plane, release)

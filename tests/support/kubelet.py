@@ -1,0 +1,325 @@
+"""The e2e harness that plays kubelet for our own workloads on a control plane without nodes.
+
+The real kube-controller-manager runs: the Job controller creates Pods for our Jobs and turns their Pod status into
+Job conditions; the Deployment/ReplicaSet controllers create Pods and count the ready ones. No kubelet runs, so this
+harness does the kubelet's part for Pods in ONE namespace:
+
+- Pods of a Job: the container's command runs as a LOCAL process with the args and env the operator wrote. The Pod
+  is marked Running, then Succeeded/Failed with `state.terminated` {exitCode, reason, message}; the message is the
+  file at terminationMessagePath, or with FallbackToLogsOnError and an empty file on failure, the log tail (the
+  kubelet's rule: last 80 lines, at most 2048 bytes). The Job controller then writes the Job's conditions.
+- Pods of a ReplicaSet (canary and baseline): marked Running and Ready, as a kubelet would once probes pass.
+
+Paths. Every volumeMount's mountPath maps to a local directory, explicitly:
+- hostPath volume -> the same path on this machine (the e2e specs use hostpath:// URIs);
+- persistentVolumeClaim -> `pvc_dirs[claimName]` (a claim without an entry fails the Pod, naming the claim);
+- configMap volume -> its keys materialised from the API into a fresh directory; in `*.json` files every string
+  that starts with a mountPath is rewritten the same way (the calibrator's config carries in-container paths);
+- emptyDir -> a fresh directory.
+The longest matching mountPath wins. The same rewrite applies to the command, args and env values; the
+terminationMessagePath maps to a fresh file. `python`/`python3` run this interpreter and `kvcal` the script beside
+it (the local equivalent of the image's entrypoints).
+
+`verify_runtime=False` runs the verification Job's `kvcal verify` without `--runtime` (the static variant): loading
+vLLM costs ~2 minutes per start on 2 CPU cores, so the lifecycle test proves the operator's side (command, volumes,
+termination message, phases) with the static checks and the runtime read-back is tested by the verifier's tests.
+
+`hold(component)` keeps Pods of a component ("calibration", "verification", "canary", "baseline") waiting, so a
+test can freeze a phase (e.g. restart the operator while Calibrating) and `release(component)` lets them go.
+"""
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kvcal.adapters.kube import MERGE_PATCH, KubeClient
+
+log = logging.getLogger(__name__)
+Manifest = dict[str, Any]
+POLL_SECONDS = 0.2
+LOG_TAIL_LINES, LOG_TAIL_BYTES, MESSAGE_BYTES = 80, 2048, 4096
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def component(pod: Manifest) -> str:
+    labels = pod["metadata"].get("labels") or {}
+    if labels.get("kvcal.dev/component") in ("calibration", "verification"):
+        return str(labels["kvcal.dev/component"])
+    return "canary" if labels.get("role") == "canary" else "baseline"
+
+
+def _owner_kind(pod: Manifest) -> str | None:
+    refs = pod["metadata"].get("ownerReferences") or []
+    return str(refs[0]["kind"]) if refs else None
+
+
+class PathMap:
+    """mountPath -> local directory, longest prefix first."""
+
+    def __init__(self, mounts: dict[str, Path]) -> None:
+        self.mounts = sorted(mounts.items(), key=lambda kv: len(kv[0]), reverse=True)
+
+    def local(self, value: str) -> str:
+        for mount, local in self.mounts:
+            if value == mount or value.startswith(mount.rstrip("/") + "/"):
+                return str(local) + value[len(mount.rstrip("/")) :]
+        return value
+
+    def rewrite_json(self, data: Any) -> Any:
+        if isinstance(data, str):
+            return self.local(data)
+        if isinstance(data, list):
+            return [self.rewrite_json(v) for v in data]
+        if isinstance(data, dict):
+            return {k: self.rewrite_json(v) for k, v in data.items()}
+        return data
+
+
+class FakeKubelet:
+    def __init__(
+        self,
+        kube: KubeClient,
+        namespace: str,
+        workdir: Path,
+        *,
+        pvc_dirs: dict[str, Path] | None = None,
+        verify_runtime: bool = False,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.workdir = workdir
+        self.pvc_dirs = pvc_dirs or {}
+        self.verify_runtime = verify_runtime
+        self.extra_env = extra_env or {}
+        self.runs: list[dict[str, Any]] = []  # one record per Job pod run: pod, argv, exit code, message
+        self._held: set[str] = set()
+        self._started: set[str] = set()  # pod uids already handled
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._loop = threading.Thread(target=self._run_loop, name="fake-kubelet", daemon=True)
+
+    # --- control ---------------------------------------------------------------------------------------------------
+
+    def start(self) -> "FakeKubelet":
+        self._loop.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._loop.join(timeout=10)
+        for t in self._threads:
+            t.join(timeout=600)
+
+    def hold(self, *components: str) -> None:
+        with self._lock:
+            self._held.update(components)
+
+    def release(self, *components: str) -> None:
+        with self._lock:
+            self._held.difference_update(components)
+
+    def _is_held(self, pod: Manifest) -> bool:
+        with self._lock:
+            return component(pod) in self._held
+
+    # --- the sync loop ---------------------------------------------------------------------------------------------
+
+    def _run_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._sync()
+            except Exception:
+                log.exception("fake kubelet sync failed")
+            self._stop.wait(POLL_SECONDS)  # the kubelet's sync period, not a test wait
+
+    def _sync(self) -> None:
+        for pod in self.kube.list("Pod", self.namespace, {}):
+            meta, status = pod["metadata"], pod.get("status") or {}
+            if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+                continue
+            if meta["uid"] in self._started or self._is_held(pod):
+                continue
+            kind = _owner_kind(pod)
+            if kind == "Job":
+                self._started.add(meta["uid"])
+                self._set_running(pod, ready=False)
+                t = threading.Thread(target=self._run_job_pod, args=(pod,), name=f"pod-{meta['name']}", daemon=True)
+                self._threads.append(t)
+                t.start()
+            elif kind == "ReplicaSet":
+                self._started.add(meta["uid"])
+                self._set_running(pod, ready=True)
+
+    def _patch_status(self, pod: Manifest, status: Manifest) -> None:
+        self.kube.request(
+            "PATCH",
+            "Pod",
+            self.namespace,
+            pod["metadata"]["name"],
+            subresource="status",
+            body={"status": status},
+            content_type=MERGE_PATCH,
+        )
+
+    def _set_running(self, pod: Manifest, *, ready: bool) -> None:
+        now = _now()
+        flag = "True" if ready else "False"
+        self._patch_status(
+            pod,
+            {
+                "phase": "Running",
+                "startTime": now,
+                "podIP": "127.0.0.1",
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+                    {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+                    {"type": "ContainersReady", "status": flag, "lastTransitionTime": now},
+                    {"type": "Ready", "status": flag, "lastTransitionTime": now},
+                ],
+                "containerStatuses": [
+                    {
+                        "name": c["name"],
+                        "image": c.get("image", ""),
+                        "imageID": "",
+                        "ready": ready,
+                        "started": True,
+                        "restartCount": 0,
+                        "state": {"running": {"startedAt": now}},
+                    }
+                    for c in pod["spec"]["containers"]
+                ],
+            },
+        )
+
+    # --- running a Job's container locally ---------------------------------------------------------------------------
+
+    def _volume_dirs(self, pod: Manifest, root: Path) -> dict[str, Path]:
+        """volume name -> local directory (see the module docstring for the rules)."""
+        dirs: dict[str, Path] = {}
+        for volume in pod["spec"].get("volumes") or []:
+            name = volume["name"]
+            if "hostPath" in volume:
+                dirs[name] = Path(volume["hostPath"]["path"])
+                if volume["hostPath"].get("type") == "DirectoryOrCreate":
+                    dirs[name].mkdir(parents=True, exist_ok=True)
+            elif "persistentVolumeClaim" in volume:
+                claim = volume["persistentVolumeClaim"]["claimName"]
+                if claim not in self.pvc_dirs:
+                    raise RuntimeError(f"fake kubelet: no local directory for PersistentVolumeClaim {claim!r}")
+                dirs[name] = self.pvc_dirs[claim]
+            elif "configMap" in volume or "emptyDir" in volume:
+                dirs[name] = root / "volumes" / name
+                dirs[name].mkdir(parents=True)
+            else:
+                raise RuntimeError(f"fake kubelet: unsupported volume {volume}")
+        return dirs
+
+    def _materialise_config_maps(self, pod: Manifest, dirs: dict[str, Path], paths: PathMap) -> None:
+        for volume in pod["spec"].get("volumes") or []:
+            if "configMap" not in volume:
+                continue
+            cm = self.kube.get("ConfigMap", self.namespace, volume["configMap"]["name"])
+            if cm is None:
+                raise RuntimeError(f"fake kubelet: ConfigMap {volume['configMap']['name']!r} not found")
+            for key, text in (cm.get("data") or {}).items():
+                if key.endswith(".json"):
+                    text = json.dumps(paths.rewrite_json(json.loads(text)), indent=2)
+                (dirs[volume["name"]] / key).write_text(text)
+
+    def _argv(self, container: Manifest, paths: PathMap) -> list[str]:
+        argv = [paths.local(a) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
+        if argv and argv[0] in ("python", "python3"):
+            argv[0] = sys.executable
+        elif argv and argv[0] == "kvcal":
+            argv[0] = str(Path(sys.executable).with_name("kvcal"))
+        if not self.verify_runtime and len(argv) > 1 and argv[1] == "verify" and "--runtime" in argv:
+            argv.remove("--runtime")
+        return argv
+
+    def _run_job_pod(self, pod: Manifest) -> None:
+        container = pod["spec"]["containers"][0]
+        root = Path(tempfile.mkdtemp(prefix=f"{pod['metadata']['name']}-", dir=self.workdir))
+        record: dict[str, Any] = {"pod": pod["metadata"]["name"], "component": component(pod)}
+        self.runs.append(record)
+        started = _now()
+        try:
+            dirs = self._volume_dirs(pod, root)
+            mounts = {m["mountPath"]: dirs[m["name"]] for m in container.get("volumeMounts") or []}
+            termination = root / "termination-log"
+            termination.touch()
+            mounts[container.get("terminationMessagePath", "/dev/termination-log")] = termination
+            paths = PathMap(mounts)
+            self._materialise_config_maps(pod, dirs, paths)
+            argv = self._argv(container, paths)
+            env = {**os.environ, **self.extra_env}
+            env.update({e["name"]: paths.local(e.get("value", "")) for e in container.get("env") or []})
+            env["HOME"] = str(root / "home")  # the container's HOME is an emptyDir: a fresh one per pod
+            record["argv"] = argv
+            log_path = root / "container.log"
+            deadline = pod["spec"].get("activeDeadlineSeconds")
+            with log_path.open("wb") as out:
+                proc = subprocess.run(  # the Job's own command, as the kubelet would run it
+                    argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=root, timeout=deadline, check=False
+                )
+            code = proc.returncode
+            message = termination.read_text(errors="replace")[:MESSAGE_BYTES]
+            if (
+                not message.strip()
+                and code != 0
+                and container.get("terminationMessagePolicy") == "FallbackToLogsOnError"
+            ):
+                lines = log_path.read_bytes().splitlines()[-LOG_TAIL_LINES:]
+                message = b"\n".join(lines)[-LOG_TAIL_BYTES:].decode(errors="replace")
+        except Exception as e:  # the harness itself could not start the container: a CreateContainerError
+            code, message = 128, f"fake kubelet: {type(e).__name__}: {e}"
+        record.update({"exit_code": code, "message": message})
+        self._terminate(pod, code, message, started)
+        if os.environ.get("KVCAL_KEEP_PODS") != "1" and code == 0:
+            shutil.rmtree(root / "home", ignore_errors=True)
+
+    def _terminate(self, pod: Manifest, code: int, message: str, started: str) -> None:
+        now = _now()
+        container = pod["spec"]["containers"][0]
+        self._patch_status(
+            pod,
+            {
+                "phase": "Succeeded" if code == 0 else "Failed",
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": started},
+                    {"type": "ContainersReady", "status": "False", "lastTransitionTime": now},
+                    {"type": "Ready", "status": "False", "lastTransitionTime": now},
+                ],
+                "containerStatuses": [
+                    {
+                        "name": container["name"],
+                        "image": container.get("image", ""),
+                        "imageID": "",
+                        "ready": False,
+                        "started": False,
+                        "restartCount": 0,
+                        "state": {
+                            "terminated": {
+                                "exitCode": code,
+                                "reason": "Completed" if code == 0 else "Error",
+                                "message": message,
+                                "startedAt": started,
+                                "finishedAt": now,
+                            }
+                        },
+                    }
+                ],
+            },
+        )

@@ -1,0 +1,229 @@
+"""Unit tests of the pure analysis core: strict PromQL rendering, measurement assessment, the counter model."""
+
+import math
+from datetime import UTC, datetime
+
+import pytest
+
+from kvcal.core import promql
+from kvcal.core.analysis import (
+    RequestCounts,
+    assess_error_rate,
+    assess_latency,
+    assess_requests,
+    assess_run,
+    error_measurement,
+    informational,
+    interval_phase,
+)
+from kvcal.models.spec import AnalysisSpec, LatencyCheck
+from kvcal.models.status import MAX_MEASUREMENTS, AnalysisStatus, Measurement
+
+NOW = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
+AT = "2026-12-02T10:00:00Z"
+TTFT = LatencyCheck(metric="ttft", quantile=0.95, max_regression=0.10, noise_floor_seconds=0.005)
+ENOUGH = RequestCounts(100, 100)
+
+
+# --- PromQL rendering -------------------------------------------------------------------------------------------
+
+
+def test_render_fails_on_a_missing_variable() -> None:
+    with pytest.raises(promql.TemplateError, match="not given: window"):
+        promql.render("rate(x{$selector}[$window])", {"selector": 'a="b"'})
+
+
+def test_render_latency_query_shape() -> None:
+    sel = promql.role_label_selector("prod").for_role("canary")
+    q = promql.render_latency("ttft", 0.95, sel, "60s")
+    assert q == (
+        'histogram_quantile(0.95, sum by (le) (rate({__name__=~"vllm[:_]time_to_first_token_seconds_bucket",'
+        'namespace="prod",role="canary"}[60s])))'
+    )
+
+
+def test_vllm_series_matches_both_spellings() -> None:
+    import re
+
+    pattern = promql.vllm_series("request_success_total").split('"')[1]
+    assert re.fullmatch(pattern, "vllm:request_success_total") and re.fullmatch(pattern, "vllm_request_success_total")
+
+
+@pytest.mark.parametrize(
+    ("metric", "quantile", "window", "error"),
+    [("tpot", 0.95, "60s", "latency metric"), ("ttft", 1.5, "60s", "quantile"), ("ttft", 0.9, "1m; drop", "window")],
+)
+def test_render_latency_rejects_bad_values(metric: str, quantile: float, window: str, error: str) -> None:
+    with pytest.raises(promql.TemplateError, match=error):
+        promql.render_latency(metric, quantile, 'a="b"', window)
+
+
+def test_label_values_are_escaped() -> None:
+    sel = promql.role_label_selector('ns"} or vector(1) #').for_role("baseline")
+    assert sel.startswith('namespace="ns\\"} or vector(1) #"')
+
+
+def test_label_names_are_validated() -> None:
+    with pytest.raises(promql.TemplateError, match="label name"):
+        promql.Matcher("bad-name", "=", "x").render()
+
+
+def test_pod_regex_selector_separates_baseline_and_canary_pods() -> None:
+    import re
+
+    sel = promql.pod_regex_selector("ns", "llama-bf16", "llama-bf16-kvcal-canary")
+    pattern = {m.label: m.value for m in sel.baseline}["pod"]
+    canary_pattern = {m.label: m.value for m in sel.canary}["pod"]
+    assert re.fullmatch(pattern, "llama-bf16-5d4f8b7c9-x1y2z")
+    assert not re.fullmatch(pattern, "llama-bf16-kvcal-canary-6c7d9f-abcde")
+    assert re.fullmatch(canary_pattern, "llama-bf16-kvcal-canary-6c7d9f-abcde")
+
+
+def test_error_rate_treats_no_5xx_series_as_zero() -> None:
+    q = promql.render_named("error_rate", 'role="canary"', "30s")
+    assert "or vector(0)" in q and 'status="5xx"' in q
+
+
+def test_format_window() -> None:
+    assert promql.format_window(59.6) == "60s"
+    assert promql.format_window(0.2) == "1s"
+    with pytest.raises(promql.TemplateError):
+        promql.format_window(math.nan)
+
+
+# --- assess_* -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("baseline", "canary", "phase"),
+    [
+        (0.200, 0.215, "Successful"),  # +7.5% < 10%
+        (0.200, 0.230, "Failed"),  # +15%
+        (0.001, 0.002, "Successful"),  # +100% but 1 ms: inside the 5 ms noise floor
+        (0.001, 0.0075, "Failed"),  # 6.5 ms above: outside the floor
+        (0.200, math.nan, "Inconclusive"),
+        (None, 0.2, "Inconclusive"),
+        (0.2, math.inf, "Inconclusive"),
+    ],
+)
+def test_assess_latency(baseline: float | None, canary: float | None, phase: str) -> None:
+    m = assess_latency(TTFT, baseline, canary, requests=ENOUGH, min_requests=50, at=AT, query="q")
+    assert m.phase == phase
+    assert m.metric == "ttft-p95" and m.query == "q"
+    if phase != "Inconclusive":
+        assert m.baseline == baseline and m.canary == canary and m.threshold is not None
+
+
+def test_latency_below_min_requests_is_inconclusive_even_when_values_look_fine() -> None:
+    m = assess_latency(TTFT, 0.2, 0.2, requests=RequestCounts(500, 12), min_requests=50, at=AT)
+    assert m.phase == "Inconclusive"
+    assert m.message == "canary: 12 requests < minRequests 50"
+
+
+def test_nan_values_are_not_stored_as_nan() -> None:
+    m = assess_latency(TTFT, math.nan, 0.2, requests=ENOUGH, min_requests=50, at=AT)
+    assert m.baseline is None and m.canary == 0.2
+    assert "no data for baseline" in (m.message or "")
+
+
+@pytest.mark.parametrize(
+    ("baseline", "canary", "phase"),
+    [(0.0, 0.005, "Successful"), (0.0, 0.05, "Failed"), (0.08, 0.05, "Successful"), (math.nan, 0.05, "Failed"),
+     (0.0, math.nan, "Inconclusive")],
+)  # fmt: skip
+def test_assess_error_rate(baseline: float, canary: float, phase: str) -> None:
+    m = assess_error_rate(0.01, baseline, canary, requests=ENOUGH, min_requests=50, at=AT)
+    assert m.phase == phase
+
+
+def test_assess_requests() -> None:
+    assert assess_requests(RequestCounts(60, 50), min_requests=50, at=AT).phase == "Successful"
+    low = assess_requests(RequestCounts(60, 0), min_requests=50, at=AT)
+    assert low.phase == "Inconclusive" and low.threshold == 50
+    assert assess_requests(RequestCounts(None, None), min_requests=50, at=AT).phase == "Inconclusive"
+
+
+# --- interval + run ---------------------------------------------------------------------------------------------
+
+
+def m(phase: str, metric: str = "ttft-p95", baseline: float = 0.2, canary: float = 0.21) -> Measurement:
+    return Measurement(metric=metric, phase=phase, at=AT, baseline=baseline, canary=canary)  # type: ignore[arg-type]
+
+
+def test_interval_phase_precedence_and_informational_metrics() -> None:
+    assert interval_phase([m("Successful"), m("Inconclusive"), m("Error"), m("Failed")]) == "Failed"
+    assert interval_phase([m("Successful"), m("Inconclusive"), m("Error")]) == "Error"
+    assert interval_phase([m("Successful"), m("Inconclusive")]) == "Inconclusive"
+    assert interval_phase([informational("preemptions", 1, 5, at=AT, query="q")]) is None
+    assert interval_phase([]) is None
+
+
+SPEC = AnalysisSpec(successful_intervals=3, failure_limit=2, inconclusive_limit=3, consecutive_error_limit=2)
+
+
+def run(phases: list[str], spec: AnalysisSpec = SPEC) -> list[str]:
+    status = AnalysisStatus()
+    outcomes: list[str] = []
+    for p in phases:
+        verdict = assess_run(spec, status, [m(p)], NOW)
+        status = verdict.status
+        outcomes.append(verdict.outcome)
+    return outcomes
+
+
+@pytest.mark.parametrize(
+    ("phases", "outcomes"),
+    [
+        (["Successful"] * 3, ["Running", "Running", "Passed"]),
+        (["Failed", "Failed"], ["Running", "Failed"]),
+        # flapping: never three successes in a row, and failures add up
+        (["Successful", "Failed", "Successful", "Successful", "Failed"], ["Running"] * 4 + ["Failed"]),
+        # no traffic: inconclusive never passes; the limit ends the run
+        (["Inconclusive"] * 3, ["Running", "Running", "Failed"]),
+        # an inconclusive interval breaks the success streak
+        (["Successful", "Successful", "Inconclusive", "Successful"], ["Running"] * 4),
+        # Prometheus down twice in a row
+        (["Error", "Error"], ["Running", "Failed"]),
+        # errors that are not consecutive do not end the run
+        (["Error", "Successful", "Error", "Successful", "Successful", "Successful"], ["Running"] * 5 + ["Passed"]),
+    ],
+)
+def test_counter_model(phases: list[str], outcomes: list[str]) -> None:
+    assert run(phases) == outcomes
+
+
+def test_failed_verdict_explains_with_the_failing_measurement() -> None:
+    status = AnalysisStatus(failures=1)
+    verdict = assess_run(SPEC, status, [m("Failed", canary=0.3), m("Successful", metric="itl-p95")], NOW)
+    assert verdict.outcome == "Failed"
+    assert verdict.reason.startswith("FailureLimit: 2 failed intervals")
+    assert "ttft-p95" in verdict.reason and "itl-p95" not in verdict.reason
+
+
+def test_counters_timestamps_delta_and_capped_history() -> None:
+    status = AnalysisStatus()
+    for i in range(MAX_MEASUREMENTS):
+        verdict = assess_run(SPEC, status, [m("Successful", canary=0.2 + i / 1000), m("Successful", "itl-p95")], NOW)
+        status = verdict.status.model_copy(update={"consecutive_successes": 0})
+    assert len(status.measurements) == MAX_MEASUREMENTS
+    assert status.measurements[-1].metric == "itl-p95"
+    assert status.started_at == AT and status.last_measured_at == AT
+    assert status.ttft_p95_delta == "+9.5%"  # last ttft: canary 0.219 vs 0.2
+
+
+def test_no_new_measurements_changes_nothing() -> None:
+    status = AnalysisStatus(consecutive_successes=1)
+    verdict = assess_run(SPEC, status, [], NOW)
+    assert verdict.status == status and verdict.outcome == "Running" and verdict.interval is None
+
+
+def test_error_measurement_is_counted_as_error() -> None:
+    e = error_measurement("prometheus", "Prometheus unreachable: ConnectionError", at=AT)
+    verdict = assess_run(SPEC, AnalysisStatus(), [e], NOW)
+    assert verdict.status.consecutive_errors == 1 and verdict.interval == "Error"
+
+
+def test_limits_below_one_act_as_one() -> None:
+    spec = AnalysisSpec(failure_limit=0)
+    assert assess_run(spec, AnalysisStatus(), [m("Successful")], NOW).outcome == "Running"
+    assert assess_run(spec, AnalysisStatus(), [m("Failed")], NOW).outcome == "Failed"

@@ -1,0 +1,256 @@
+"""The Helm chart, rendered and linted by the real helm binary: security context, least-privilege RBAC, schema."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "kvcal"
+CACHE = Path(os.environ.get("KVCAL_CACHE", Path.home() / ".cache" / "kvcal"))
+# helm template assumes an old cluster (v1.20) without one; the chart needs >= 1.30 (CEL validation in the CRD).
+KUBE_VERSION = "1.35.0"
+
+
+def helm_binary() -> str:
+    found = CACHE / "bin" / "helm"
+    if found.is_file():
+        return str(found)
+    on_path = shutil.which("helm")
+    if on_path is None:
+        pytest.skip("helm not built yet: run `make control-plane` (hack/build-control-plane.sh)")
+    return on_path
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([helm_binary(), *args], capture_output=True, text=True, timeout=60)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def set_args(values: dict[str, str]) -> list[str]:
+    return [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
+
+
+def render(values: dict[str, str] | None = None, namespace: str = "kvcal-system") -> list[dict[str, Any]]:
+    out = helm(
+        "template", "rel", str(CHART), "--kube-version", KUBE_VERSION, "--namespace", namespace, *set_args(values or {})
+    ).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(name_suffix)]
+    assert len(found) == 1, f"expected one {kind} *{name_suffix}, got {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def rbac_rules(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for d in docs if d["kind"] in ("ClusterRole", "Role") for r in d["rules"]]
+
+
+NAMESPACED = {"rbac.scope": "namespace", "watchNamespace": "team-a"}
+
+
+@pytest.fixture(scope="module")
+def default_docs() -> list[dict[str, Any]]:
+    return render()
+
+
+@pytest.fixture(scope="module")
+def namespaced_docs() -> list[dict[str, Any]]:
+    return render(NAMESPACED)
+
+
+@pytest.mark.parametrize("values", [{}, NAMESPACED, {"prometheusRule.enabled": "true"}], ids=["default", "ns", "rules"])
+def test_helm_lint_strict(values: dict[str, str]) -> None:
+    helm("lint", "--strict", str(CHART), *set_args(values))
+
+
+def test_chart_ships_the_crd_unchanged() -> None:
+    source = CHART.parents[1] / "crds" / "kvcal.dev_kvcalibrations.yaml"
+    assert (CHART / "crds" / source.name).read_bytes() == source.read_bytes(), "charts/kvcal/crds/ is stale"
+
+
+def test_operator_deployment_is_single_recreate_and_hardened(default_docs: list[dict[str, Any]]) -> None:
+    dep = one(default_docs, "Deployment")
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = pod["containers"]
+    sc = container["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 65532
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["resources"]["requests"]["memory"] and container["resources"]["limits"]["memory"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": 9090, "health": 8080}
+    assert container["command"] == ["kvcal", "operator", "run"]
+    args = container["args"]
+    assert "--standalone" in args and "--all-namespaces" in args
+    assert "--metrics-port=9090" in args and "--liveness=http://0.0.0.0:8080/healthz" in args
+    # Read-only root: the only writable path is an emptyDir at /tmp.
+    assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert pod["serviceAccountName"] == one(default_docs, "ServiceAccount")["metadata"]["name"]
+
+
+def test_image_defaults_to_app_version_and_digest_wins() -> None:
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    image = one(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image.endswith(f":{app_version}")
+    digest = "sha256:" + "a" * 64
+    pinned = one(render({"image.digest": digest}), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert pinned["image"].endswith(f"@{digest}")
+
+
+def test_cluster_scope_binds_a_cluster_role(default_docs: list[dict[str, Any]]) -> None:
+    assert not [d for d in default_docs if d["kind"] in ("Role", "RoleBinding")]
+    binding = one(default_docs, "ClusterRoleBinding")
+    sa = one(default_docs, "ServiceAccount")["metadata"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["name"], "namespace": "kvcal-system"}]
+    assert binding["roleRef"]["name"] == one(default_docs, "ClusterRole")["metadata"]["name"]
+
+
+def test_namespace_scope_uses_a_role_in_the_watched_namespace(namespaced_docs: list[dict[str, Any]]) -> None:
+    role = one(namespaced_docs, "Role")
+    assert role["metadata"]["namespace"] == "team-a"
+    assert one(namespaced_docs, "RoleBinding")["metadata"]["namespace"] == "team-a"
+    args = one(namespaced_docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--all-namespaces" not in args
+    # The only cluster-scoped grant left: reading CRDs for kopf's discovery.
+    (cluster_role,) = [d for d in namespaced_docs if d["kind"] == "ClusterRole"]
+    assert cluster_role["rules"] == [
+        {
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+    without = render({**NAMESPACED, "rbac.crdDiscovery": "false"})
+    assert not [d for d in without if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+
+
+def test_namespace_scope_defaults_to_the_release_namespace() -> None:
+    role = one(render({"rbac.scope": "namespace"}, namespace="ml-serving"), "Role")
+    assert role["metadata"]["namespace"] == "ml-serving"
+
+
+@pytest.mark.parametrize("docs_fixture", ["default_docs", "namespaced_docs"])
+def test_rbac_has_no_wildcards_and_no_secrets(docs_fixture: str, request: pytest.FixtureRequest) -> None:
+    rules = rbac_rules(request.getfixturevalue(docs_fixture))
+    assert rules
+    for rule in rules:
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[field], f"wildcard in {field}: {rule}"
+        assert not {"secrets", "pods/exec", "serviceaccounts/token"} & set(rule["resources"]), rule
+        assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule["verbs"]), rule
+        assert "nonResourceURLs" not in rule
+
+
+def granted(rules: list[dict[str, Any]], group: str, resource: str) -> set[str]:
+    return {v for r in rules if group in r["apiGroups"] and resource in r["resources"] for v in r["verbs"]}
+
+
+def test_rbac_grants_what_the_operator_calls(default_docs: list[dict[str, Any]]) -> None:
+    rules = rbac_rules(default_docs)
+    assert {"get", "list", "watch", "patch", "update"} <= granted(rules, "kvcal.dev", "kvcalibrations")
+    assert {"patch", "update"} <= granted(rules, "kvcal.dev", "kvcalibrations/status")
+    assert {"create", "get", "list", "watch", "delete", "patch"} <= granted(rules, "batch", "jobs")
+    assert {"create", "get", "list", "watch", "delete", "patch"} <= granted(rules, "", "configmaps")
+    assert {"create", "get", "list", "watch", "delete", "patch"} <= granted(rules, "apps", "deployments")
+    assert {"create"} == granted(rules, "", "events")
+    assert {"get", "list", "watch"} == granted(rules, "", "pods")
+    assert {"get", "list", "create", "patch", "delete"} == granted(rules, "", "services")
+    assert {"get", "patch"} == granted(rules, "gateway.networking.k8s.io", "httproutes")
+    # The operator never deletes or creates a KVCalibration: those belong to users and Git.
+    assert not {"create", "delete"} & granted(rules, "kvcal.dev", "kvcalibrations")
+
+
+def test_gateway_api_grant_is_optional() -> None:
+    rules = rbac_rules(render({"rbac.gatewayApi": "false"}))
+    assert not granted(rules, "gateway.networking.k8s.io", "httproutes")
+
+
+def test_metrics_service_targets_the_operator(default_docs: list[dict[str, Any]]) -> None:
+    svc = one(default_docs, "Service", "-metrics")
+    dep = one(default_docs, "Deployment")
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    assert svc["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
+
+
+def test_service_monitor_and_rules_are_optional(default_docs: list[dict[str, Any]]) -> None:
+    assert not [d for d in default_docs if d["kind"] in ("ServiceMonitor", "PrometheusRule")]
+    docs = render({"metrics.serviceMonitor.enabled": "true", "prometheusRule.enabled": "true"})
+    monitor = one(docs, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    svc_labels = one(docs, "Service", "-metrics")["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= svc_labels.items()
+    alerts = {r["alert"] for g in one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
+    assert {"KVCalibrationPhaseStuck", "KVCalibrationRepeatedRollbacks", "KVCalibrationReconcileErrors"} <= alerts
+
+
+def test_service_monitor_without_service_is_refused() -> None:
+    values = {"metrics.serviceMonitor.enabled": "true", "metrics.service.enabled": "false"}
+    proc = helm("template", "rel", str(CHART), "--kube-version", KUBE_VERSION, *set_args(values), check=False)
+    assert proc.returncode != 0
+    assert "metrics.service.enabled" in proc.stderr
+
+
+def test_stuck_phase_threshold_reaches_the_alert() -> None:
+    docs = render({"prometheusRule.enabled": "true", "prometheusRule.stuckPhaseMinutes": "45"})
+    rules = [r for g in one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]]
+    stuck = next(r for r in rules if r["alert"] == "KVCalibrationPhaseStuck")
+    assert stuck["expr"].count("[45m]") == 2
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({"rbac.scope": "everything"}, "scope"),
+        ({"image.tag": "latest"}, "tag"),
+        ({"image.digest": "sha256:short"}, "digest"),
+        ({"securityContext.runAsUser": "0"}, "runAsUser"),
+        ({"metrics.port": "80"}, "port"),
+        ({"replicas": "2"}, "replicas"),
+        ({"extraArgs[0]": "rm"}, "extraArgs"),
+        ({"watchNamespace": "Not_A_Namespace"}, "watchNamespace"),
+        ({"jobImages.calibrator": "ghcr.io/kvcal/kvcal-calibrator"}, "calibrator"),
+        ({"resources.limits.memory": "lots"}, "memory"),
+    ],
+    ids=lambda v: next(iter(v)) if isinstance(v, dict) else None,
+)
+def test_schema_rejects_bad_values(values: dict[str, str], field: str) -> None:
+    proc = helm("template", "rel", str(CHART), "--kube-version", KUBE_VERSION, *set_args(values), check=False)
+    assert proc.returncode != 0, f"helm accepted {values}"
+    assert "values don't meet the specifications of the schema" in proc.stderr
+    assert field in proc.stderr, proc.stderr
+
+
+def test_job_images_reach_the_operator(default_docs: list[dict[str, Any]]) -> None:
+    container = one(default_docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert env["KVCAL_CALIBRATOR_IMAGE"] == values["jobImages"]["calibrator"]
+    assert env["KVCAL_VERIFIER_IMAGE"] == values["jobImages"]["verifier"]
+
+
+@pytest.mark.parametrize("docs_fixture", ["default_docs", "namespaced_docs"])
+def test_operator_command_line_parses(docs_fixture: str, request: pytest.FixtureRequest) -> None:
+    """The Deployment's command and args are accepted by the real `kvcal operator run` parser."""
+    from kvcal.cli import build_parser
+
+    container = one(request.getfixturevalue(docs_fixture), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    argv = [*container["command"][1:], *container["args"]]
+    args = build_parser(argv[0]).parse_args(argv)
+    assert callable(args.func)

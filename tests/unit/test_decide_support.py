@@ -1,0 +1,101 @@
+"""Shared builders for the operator's unit tests (specs, a baseline Deployment, observations)."""
+
+import copy
+from datetime import UTC, datetime
+from typing import Any
+
+from kvcal.core.manifests import Owner
+from kvcal.core.manifests.canary import PROMOTED_ANNOTATION, promotion_marker
+from kvcal.core.observations import DeploymentState, JobState, Observations
+from kvcal.core.spechash import spec_hash
+from kvcal.models.spec import KVCalibrationSpec
+
+NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+OWNER = Owner("smollm2", "llm", "0a1b2c3d-0000-4000-8000-000000000001")
+
+SPEC: dict[str, Any] = {
+    "model": {"source": "pvc://models/smollm2", "revision": "abc123"},
+    "calibration": {
+        "dataset": {"source": "configmap://calib/prompts.jsonl", "format": "chat"},
+        "samples": 64,
+        "maxSeqLength": 512,
+        "output": "pvc://models/smollm2-fp8kv",
+        "job": {
+            "image": "ghcr.io/kvcal/calibrator:test",
+            "nodeSelector": {"gpu": "h100"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "activeDeadlineSeconds": 1800,
+            "backoffLimit": 0,
+        },
+    },
+    "serving": {"baseline": {"deployment": "llm", "service": "llm"}, "traffic": {"steps": [50]}},
+    "analysis": {"interval": "30s", "warmup": "0s", "successfulIntervals": 2, "failureLimit": 2},
+}
+
+
+def spec(**overrides: Any) -> KVCalibrationSpec:
+    """SPEC with top-level blocks merged one level deep: spec(analysis={"failureLimit": 1})."""
+    data = copy.deepcopy(SPEC)
+    for key, value in overrides.items():
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
+    return KVCalibrationSpec.model_validate(data)
+
+
+def baseline_manifest(replicas: int = 2) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "llm", "namespace": "llm", "generation": 1, "labels": {"app": "llm"}},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": "llm"}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 1}},
+            "template": {
+                "metadata": {"labels": {"app": "llm", "tier": "serving"}},
+                "spec": {
+                    "nodeSelector": {"gpu": "h100"},
+                    "containers": [
+                        {
+                            "name": "vllm",
+                            "image": "vllm/vllm-openai:v0.32.0",
+                            "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+                            "args": ["--model", "/models/smollm2", "--port", "8000", "--kv-cache-dtype", "auto"],
+                            "ports": [{"containerPort": 8000, "name": "http"}],
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                            "volumeMounts": [{"name": "models", "mountPath": "/models"}],
+                        }
+                    ],
+                    "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "models"}}],
+                },
+            },
+        },
+    }
+
+
+def baseline_service() -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "llm", "namespace": "llm"},
+        "spec": {"selector": {"app": "llm"}, "ports": [{"name": "http", "port": 80, "targetPort": 8000}]},
+    }
+
+
+def baseline(replicas: int = 2, promoted: bool = False, **status: Any) -> DeploymentState:
+    """The baseline's observed state; promoted=True: the promotion patch of spec() has landed."""
+    fields: dict[str, Any] = {"ready_replicas": replicas, "updated_replicas": replicas, "available_replicas": replicas}
+    fields.update(status)
+    manifest = baseline_manifest(replicas)
+    if promoted:
+        manifest["metadata"]["annotations"] = {PROMOTED_ANNOTATION: promotion_marker(OWNER, spec_hash(spec()))}
+    return DeploymentState(manifest=manifest, replicas=replicas, observed_generation=1, **fields)
+
+
+def job(name: str, state: str = "Running", message: str = "", reason: str = "", deleting: bool = False) -> JobState:
+    return JobState(name, state, message, reason, deleting)  # type: ignore[arg-type]
+
+
+def observations(**fields: Any) -> Observations:
+    fields.setdefault("baseline", baseline())
+    fields.setdefault("baseline_service", baseline_service())
+    return Observations(owner=OWNER, generation=fields.pop("generation", 1), **fields)

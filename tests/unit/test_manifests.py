@@ -1,0 +1,197 @@
+"""build_* against golden YAML (UPDATE_GOLDEN=1 rewrites tests/golden/), plus the rules every child must follow."""
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kvcal.core.manifests import (
+    BaselineError,
+    Owner,
+    build_calibration_configmap,
+    build_calibration_job,
+    build_canary_deployment,
+    build_canary_service,
+    build_promoted_baseline,
+    build_verification_job,
+    calibration_job_name,
+    canary_name,
+    verification_job_name,
+)
+from kvcal.core.manifests.canary import fp8_container
+from kvcal.core.spechash import spec_hash
+from tests.unit.test_decide_support import OWNER, baseline_manifest, baseline_service, spec
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+SPEC = spec()
+H = spec_hash(SPEC)
+HOSTPATH_SPEC = spec(
+    model={"source": "hostpath:///srv/models/smollm2"},
+    calibration={
+        "dataset": {"source": "hostpath:///srv/data/calib.jsonl", "format": "text"},
+        "output": "hostpath:///srv/models/smollm2-fp8kv",
+        "strategy": "head",
+    },
+    serving={
+        "baseline": {"deployment": "llm", "service": "llm", "container": "vllm"},
+        "canary": {"attentionBackend": "FLASH_ATTN", "extraArgs": ["--enforce-eager"]},
+    },
+)
+
+
+def _serve_style_baseline() -> dict[str, Any]:
+    b = baseline_manifest(1)
+    c = b["spec"]["template"]["spec"]["containers"][0]
+    c["command"] = ["vllm", "serve"]
+    c["args"] = ["/models/smollm2", "--calculate-kv-scales", "--kv-cache-dtype=fp8", "--tensor-parallel-size", "2"]
+    b["spec"]["template"]["spec"]["containers"].insert(0, {"name": "sidecar", "image": "busybox"})
+    return b
+
+
+CASES: dict[str, Any] = {
+    "calibration-configmap": lambda: build_calibration_configmap(OWNER, SPEC, H),
+    "calibration-job": lambda: build_calibration_job(OWNER, SPEC, H),
+    "calibration-job-hostpath": lambda: build_calibration_job(OWNER, HOSTPATH_SPEC, spec_hash(HOSTPATH_SPEC)),
+    "verification-job": lambda: build_verification_job(
+        OWNER,
+        SPEC,
+        H,
+        baseline_manifest()["spec"]["template"]["spec"]["containers"][0],
+        baseline_manifest()["spec"]["template"]["spec"],
+    ),
+    "canary-deployment": lambda: build_canary_deployment(OWNER, SPEC, baseline_manifest(), 2),
+    "canary-deployment-serve-style": lambda: build_canary_deployment(OWNER, HOSTPATH_SPEC, _serve_style_baseline(), 1),
+    "canary-service": lambda: build_canary_service(OWNER, baseline_service()),
+    "promoted-baseline-patch": lambda: build_promoted_baseline(OWNER, SPEC, H, baseline_manifest()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden(name: str) -> None:
+    manifest = CASES[name]()
+    path = GOLDEN / f"{name}.yaml"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(manifest, sort_keys=False, width=120))
+    assert path.exists(), f"{path} missing: run with UPDATE_GOLDEN=1 and review the diff"
+    assert manifest == yaml.safe_load(path.read_text()), f"{name} differs from {path} (UPDATE_GOLDEN=1 to accept)"
+
+
+CHILDREN = [n for n in CASES if n != "promoted-baseline-patch"]
+
+
+@pytest.mark.parametrize("name", CHILDREN)
+def test_children_are_owned_and_labelled(name: str) -> None:
+    manifest = CASES[name]()
+    meta = manifest["metadata"]
+    assert meta["namespace"] == OWNER.namespace
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "kvcal.dev/v1alpha1",
+            "kind": "KVCalibration",
+            "name": OWNER.name,
+            "uid": OWNER.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    assert meta["labels"]["app.kubernetes.io/managed-by"] == "kvcal"
+    assert meta["labels"]["kvcal.dev/calibration"] == OWNER.name
+
+
+@pytest.mark.parametrize("name", ["calibration-job", "calibration-job-hostpath", "verification-job"])
+def test_jobs_run_as_non_root_and_report_through_the_termination_message(name: str) -> None:
+    job = CASES[name]()
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    (container,) = pod["containers"]
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["terminationMessagePath"] == "/dev/termination-log"
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert container["command"][container["command"].index("--termination-log") + 1] == "/dev/termination-log"
+    mounted = {m["name"] for m in container["volumeMounts"]}
+    assert mounted == {v["name"] for v in pod["volumes"]}
+
+
+def test_configmap_is_a_valid_calibrator_config() -> None:
+    from kvcal.calibrator.config import CalibrationConfig
+
+    cm = build_calibration_configmap(OWNER, SPEC, H)
+    config = CalibrationConfig.model_validate_json(cm["data"]["config.json"])
+    assert str(config.model_dir) == "/kvcal/pvc/models/smollm2"
+    assert str(config.data) == "/kvcal/configmap/calib/prompts.jsonl"
+    assert str(config.out) == "/kvcal/pvc/models/smollm2-fp8kv"
+    assert (config.samples, config.max_seq_length, config.observer) == (64, 512, "static-minmax")
+
+
+def test_calibration_job_uses_spec_scheduling_and_gpu() -> None:
+    job = build_calibration_job(OWNER, SPEC, H)
+    pod = job["spec"]["template"]["spec"]
+    assert job["spec"]["activeDeadlineSeconds"] == 1800 and job["spec"]["backoffLimit"] == 0
+    assert pod["nodeSelector"] == {"gpu": "h100"} and pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    output_mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == "/kvcal/pvc/models")
+    assert output_mount["readOnly"] is False  # the claim holds both the input model and the output
+
+
+def test_names_are_deterministic_and_fit_a_label() -> None:
+    assert calibration_job_name("smollm2", H) == f"smollm2-calib-{H[:8]}"
+    assert verification_job_name("smollm2", H) == f"smollm2-verify-{H[:8]}"
+    assert canary_name("smollm2") == "smollm2-canary"
+    long = "a" * 200
+    names = {calibration_job_name(long, H), verification_job_name(long, H), canary_name(long)}
+    assert all(len(n) <= 63 for n in names) and len(names) == 3
+    assert calibration_job_name(long, H) != calibration_job_name(long[:-1] + "b", H)
+
+
+def test_canary_runs_the_checkpoint_with_fp8_kv() -> None:
+    canary = build_canary_deployment(OWNER, SPEC, baseline_manifest(), 2)
+    args = canary["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--model") + 1] == "/kvcal/pvc/models/smollm2-fp8kv"
+    assert args[args.index("--served-model-name") + 1] == "/models/smollm2"  # clients keep their model name
+    assert args.count("--kv-cache-dtype") == 1 and args[args.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
+    labels = canary["spec"]["template"]["metadata"]["labels"]
+    assert labels["app"] == "llm" and labels["role"] == "canary"  # still behind the baseline Service
+    assert canary["spec"]["selector"]["matchLabels"]["role"] == "canary"
+    assert canary["spec"]["replicas"] == 2
+
+
+def test_serve_style_baseline_keeps_other_flags_and_drops_kv_overrides() -> None:
+    canary = build_canary_deployment(OWNER, HOSTPATH_SPEC, _serve_style_baseline(), 1)
+    sidecar, vllm = canary["spec"]["template"]["spec"]["containers"]
+    assert sidecar == {"name": "sidecar", "image": "busybox"}
+    assert vllm["args"][0] == "/kvcal/host/" + vllm["args"][0].rsplit("/", 1)[1]
+    assert "--calculate-kv-scales" not in vllm["args"] and "--kv-cache-dtype=fp8" not in vllm["args"]
+    assert vllm["args"][vllm["args"].index("--tensor-parallel-size") + 1] == "2"
+    assert vllm["args"][-4:] == ["fp8_e4m3", "--attention-backend", "FLASH_ATTN", "--enforce-eager"]
+
+
+def test_model_argument_must_be_found() -> None:
+    container = {"name": "vllm", "image": "x", "args": ["--port", "8000"]}
+    with pytest.raises(BaselineError, match="--model PATH"):
+        fp8_container(container, SPEC, "/ckpt", [])
+
+
+def test_unknown_container_is_named() -> None:
+    bad = spec(serving={"baseline": {"deployment": "llm", "service": "llm", "container": "server"}})
+    with pytest.raises(BaselineError, match=r"no container 'server'.*vllm"):
+        build_canary_deployment(OWNER, bad, baseline_manifest(), 1)
+
+
+def test_promotion_never_drops_below_ready_replicas_and_is_idempotent() -> None:
+    patch = build_promoted_baseline(OWNER, SPEC, H, baseline_manifest())
+    assert patch["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    promoted = baseline_manifest()
+    promoted["spec"]["template"]["spec"] = patch["spec"]["template"]["spec"]
+    assert build_promoted_baseline(OWNER, SPEC, H, promoted)["spec"]["template"] == patch["spec"]["template"]
+    assert "ownerReferences" not in patch["metadata"]  # the baseline is never owned (deleting us keeps it)
+
+
+def test_owner_reference_points_at_the_kvcalibration() -> None:
+    other = Owner("x", "ns", "uid-1")
+    job = build_calibration_job(other, SPEC, H)
+    assert job["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert job["metadata"]["namespace"] == "ns"

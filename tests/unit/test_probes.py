@@ -1,0 +1,153 @@
+"""Unit tests of quality probes: suites (built in, ConfigMap), scoring, agreement on real vLLM replies."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from kvcal.adapters.probes import HttpProbes, completion_from_reply, load_suite
+from kvcal.core.quality import Completion, ProbeResult, agreement, assess_quality, score
+from kvcal.models.spec import QualitySpec
+from kvcal.probes import SuiteError, builtin_suite, suite_from_configmap
+from kvcal.probes.schema import Probe, Suite
+
+FIXTURES = Path("/work/shared/fixtures/vllm-0.32-cpu")
+AT = "2026-12-02T10:00:00Z"
+needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"real vLLM replies not found in {FIXTURES}")
+
+
+def reply(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((FIXTURES / name).read_text())
+    return data
+
+
+def test_builtin_suite_has_every_kind_and_several_needle_lengths() -> None:
+    suite = builtin_suite()
+    kinds = {p.kind for p in suite.probes}
+    assert kinds == {"qa", "arithmetic", "code", "needle"}
+    lengths = sorted({p.context_tokens or 0 for p in suite.probes if p.kind == "needle"})
+    assert lengths == [256, 512, 1024]
+    long_needle = next(p for p in suite.probes if p.context_tokens == 1024)
+    short_needle = next(p for p in suite.probes if p.context_tokens == 256)
+    assert len(long_needle.prompt) > 3 * len(short_needle.prompt)
+    assert "4721" in long_needle.prompt or "Margarethe" in long_needle.prompt
+    assert [p.context_tokens for p in builtin_suite([128]).probes if p.kind == "needle"] == [128, 128]
+
+
+def test_configmap_suite_parses_yaml() -> None:
+    text = "name: mine\nprobes:\n- {id: a, kind: qa, prompt: 'Capital of Peru?', expected: Lima}\n"
+    suite = suite_from_configmap("probes", {"suite.yaml": text})
+    assert suite.name == "mine" and suite.probes[0].match_mode == "contains"
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        ({"other": "x"}, "has no key 'suite.yaml' \\(keys: other\\)"),
+        ({"suite.yaml": "name: x\nprobes: []"}, "probes: List should have at least 1 item"),
+        ({"suite.yaml": "name: x\nprobes:\n- {id: a, kind: riddle, prompt: p, expected: e}"}, r"probes\[0\]\.kind"),
+        ({"suite.yaml": "name: x\nprobes:\n- {id: a, kind: qa, prompt: p}"}, r"probes\[0\]\.expected: Field required"),
+        (
+            {"suite.yaml": "name: x\nprobes:\n- {id: a, kind: qa, prompt: p, expected: e}\n"
+             "- {id: a, kind: qa, prompt: q, expected: e}"},
+            "duplicate ids a",
+        ),
+        ({"suite.yaml": "name: [unclosed"}, "not valid YAML"),
+    ],
+)  # fmt: skip
+def test_bad_suites_give_clear_errors(data: dict[str, str], error: str) -> None:
+    with pytest.raises(SuiteError, match=error):
+        suite_from_configmap("probes", data)
+
+
+def test_load_suite_needs_a_configmap_name() -> None:
+    with pytest.raises(ValueError, match="configMap: required"):
+        load_suite(QualitySpec(suite="configmap"))
+    suite = load_suite(QualitySpec(suite="configmap", config_map="p"), lambda name: {"suite.yaml": _SUITE})
+    assert suite.name == "tiny"
+
+
+_SUITE = "name: tiny\nprobes:\n- {id: a, kind: arithmetic, prompt: '2+2?', expected: '4'}\n"
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected", "match", "text", "ok"),
+    [
+        ("qa", "Paris", None, "The capital of France is Paris.", True),
+        ("qa", "Paris", None, "Parisian food is great", False),
+        ("arithmetic", "42", None, "The answer is 42.", True),
+        ("arithmetic", "1000", None, "1,000", True),
+        ("arithmetic", "42", None, "It is 41 or 42", False),
+        ("code", "ABC", None, "ABC", True),
+        ("qa", "Paris", "exact", "Paris!\nmore", True),
+        ("qa", "Paris", "exact", "It is Paris", False),
+    ],
+)
+def test_score(kind: str, expected: str, match: str | None, text: str, ok: bool) -> None:
+    probe = Probe.model_validate({"id": "p", "kind": kind, "prompt": "q", "expected": expected, "match": match})
+    assert score(probe, text) is ok
+
+
+def test_agreement_counts_the_shared_prefix_and_one_divergence() -> None:
+    b = Completion("", ("a", "b", "c", "d"), (-0.1, -0.2, -0.3, -0.4))
+    c = Completion("", ("a", "b", "x", "y"), (-0.2, -0.2, -1.0, -1.0))
+    a = agreement(b, c)
+    assert (a.matched, a.compared) == (2, 3)
+    assert a.mean_abs_logprob_delta == pytest.approx(0.05)
+    same = agreement(b, b)
+    assert (same.matched, same.compared) == (4, 4)
+    stopped = agreement(
+        Completion("", ("a",), finish_reason="stop"), Completion("", ("a", "b"), finish_reason="length")
+    )
+    assert (stopped.matched, stopped.compared) == (1, 2)
+
+
+@needs_fixtures
+def test_real_vllm_replies_parse_and_score() -> None:
+    bf16 = completion_from_reply(reply("completion-bf16.json"))
+    fp8 = completion_from_reply(reply("completion-fp8-calibrated.json"))
+    assert bf16.tokens[:2] == (" Berlin", ".") and len(bf16.tokens) == len(bf16.logprobs) == 24
+    assert fp8.finish_reason == "stop"
+    a = agreement(bf16, fp8)
+    # " Berlin", ".", "\n", "\n", "The", " answer" shared; then bf16 " is" vs fp8 " to": one divergence
+    assert (a.matched, a.compared) == (6, 7)
+    chat = completion_from_reply(reply("chat-fp8-calibrated.json"))
+    probe = Probe(id="capital", kind="qa", prompt="capital of France?", expected="Paris")
+    assert score(probe, chat.text) and chat.tokens == ()
+
+
+@needs_fixtures
+def test_assess_quality_on_real_replies() -> None:
+    probe = Probe(id="de", kind="qa", prompt="The capital of Germany is", expected="Berlin")
+    results = [ProbeResult(probe, completion_from_reply(reply("completion-bf16.json")),
+                           completion_from_reply(reply(f"completion-{side}.json")))
+               for side in ("fp8-calibrated", "fp8-default")]  # fmt: skip
+    acc, agree, drift = assess_quality(QualitySpec(min_token_agreement=0.97), results, at=AT, suite="t")
+    assert acc.phase == "Successful" and acc.baseline == acc.canary == 1.0
+    assert agree.phase == "Failed" and agree.canary is not None and agree.canary < 0.97
+    assert drift.metric == "logprobDelta" and drift.canary is not None and drift.canary > 0
+    assert assess_quality(QualitySpec(), [], at=AT, suite="t")[0].phase == "Inconclusive"
+
+
+def _fake_vllm(model: str, answer: str, tokens: list[str]) -> httpx.MockTransport:
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": model}]})
+        body = json.loads(request.content)
+        assert body["temperature"] == 0 and body["logprobs"] is True
+        content = [{"token": t, "logprob": -0.1} for t in tokens]
+        return httpx.Response(200, json={"choices": [{"message": {"content": answer}, "finish_reason": "stop",
+                                                      "logprobs": {"content": content}}]})  # fmt: skip
+
+    return httpx.MockTransport(handle)
+
+
+def test_http_probes_scores_both_sides_and_reports_unreachable_servers() -> None:
+    suite = Suite(name="t", probes=[Probe(id="a", kind="arithmetic", prompt="2+2?", expected="4")])
+    probes = HttpProbes(suite, transport=_fake_vllm("m", "4", ["4"]))
+    acc, agree, _ = probes.run(QualitySpec(), "http://baseline", "http://canary")
+    assert (acc.phase, acc.canary, agree.canary) == ("Successful", 1.0, 1.0)
+    down = HttpProbes(suite, timeout_seconds=2).run(QualitySpec(), "http://127.0.0.1:9", "http://127.0.0.1:9")
+    assert [m.phase for m in down] == ["Error"] and down[0].metric == "probes"
