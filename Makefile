@@ -45,7 +45,7 @@ compare: venv
 
 # A real control plane for manual use; prints KUBECONFIG=... on its last line.
 cluster: control-plane venv
-	$(PY) -m kvcal.devenv.controlplane up
+	$(PY) -m kvcal.devenv.controlplane up --crd crds/kvcal.dev_kvcalibrations.yaml
 
 bench: venv
 	$(PY) benchmarks/bench_calibrate.py

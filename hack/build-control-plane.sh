@@ -18,6 +18,9 @@ have() { [[ -x "$BIN/$1" && -f "$BIN/.$1.version" && "$(cat "$BIN/.$1.version")"
 stamp() { echo "$2" > "$BIN/.$1.version"; }
 
 build_k8s() {
+  if have kube-apiserver "$K8S_VERSION" && have kube-controller-manager "$K8S_VERSION" && have kubectl "$K8S_VERSION"; then
+    log "kubernetes $K8S_VERSION cached"; return
+  fi
   local minor="v0.${K8S_VERSION#v1.}"
   local work="$CACHE/src/k8s-$K8S_VERSION"
   mkdir -p "$work"

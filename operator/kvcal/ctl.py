@@ -37,8 +37,13 @@ def _api(args: argparse.Namespace) -> tuple[client.CustomObjectsApi, str]:
         api_client = config.new_client_from_config(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
         _, context = config.list_kube_config_contexts(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
         default_ns = context.get("context", {}).get("namespace") or "default"
-    except config.ConfigException:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException as exc:
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            raise SystemExit(
+                f"kvcal: no cluster to talk to ({exc}); pass --kubeconfig FILE or set KUBECONFIG"
+            ) from None
         api_client, default_ns = client.ApiClient(), "default"
     return client.CustomObjectsApi(api_client), args.namespace or default_ns
 

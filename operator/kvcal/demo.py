@@ -82,7 +82,7 @@ def convert(gguf: Path, out: Path) -> None:
         raise DemoUnavailable(f"{gguf.name} carries no chat template; the demo needs one for chat calibration data")
     model.config.quantization_config = None
     if hasattr(model, "hf_quantizer"):
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]
     model.config.dtype = torch.bfloat16
     # The GGUF's tokenizer metadata names <|im_start|> as EOS; the chat template ends turns with <|im_end|>, which
     # is what the original checkpoint stops on (generation would otherwise run to max_tokens).
@@ -92,7 +92,9 @@ def convert(gguf: Path, out: Path) -> None:
     tokenizer.model_max_length = model.config.max_position_embeddings
     model.config.eos_token_id = end
     model.config.pad_token_id = end
-    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=end, pad_token_id=end)
+    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=end, pad_token_id=end
+    )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     for f in [out, *out.iterdir()]:  # mkdtemp makes 0700: let other users (a vLLM container) read the cache

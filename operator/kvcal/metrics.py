@@ -4,6 +4,7 @@ One registry per OperatorMetrics instance (no module-level collectors), served b
 """
 
 import threading
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -54,5 +55,13 @@ class OperatorMetrics:
         for p, n in counts.items():
             self.objects.labels(phase=p.value).set(n)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        start_http_server(port, addr=addr, registry=self.registry)
+    def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:
+        """Serve /metrics on `port` (all interfaces: Prometheus scrapes the pod); returns a function that stops it."""
+        server, thread = start_http_server(port, addr=addr, registry=self.registry)
+
+        def stop() -> None:
+            server.shutdown()
+            server.server_close()
+            thread.join(5)
+
+        return stop

@@ -6,7 +6,9 @@ kubelet.py plays kubelet: it runs our Jobs' containers as local processes and ma
 Every phase is entered with its children held, the operator is restarted there, and no child is ever duplicated.
 """
 
+import re
 import threading
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -17,6 +19,7 @@ import pytest
 import yaml
 
 from kvcal.adapters.kube import KubeClient
+from kvcal.devenv.controlplane import free_port
 from kvcal.handlers.operator import OperatorOptions, run
 from kvcal.metrics import OperatorMetrics
 from kvcal.models.spec import AnalysisSpec
@@ -28,7 +31,7 @@ from tests.support.kubelet import FakeKubelet
 
 pytestmark = pytest.mark.cluster
 DATA = Path(__file__).resolve().parents[2] / "operator" / "kvcal" / "data" / "calibration.jsonl"
-CALIBRATION_TIMEOUT = 420.0
+CALIBRATION_TIMEOUT = 900.0  # the real calibrator on 2 shared cores: ~2.5 min of CPU, up to 10 min under load
 
 
 class FakeMetrics:
@@ -66,15 +69,17 @@ class OperatorThread:
     def __init__(self, cluster: Cluster, namespace: str, backends: FakeBackends) -> None:
         self.cluster, self.namespace, self.backends = cluster, namespace, backends
         self.restarts = 0
+        self.metrics_port = free_port()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
     def start(self) -> None:
-        kube = KubeClient(self.cluster.api_client())
+        api = self.cluster.api_client()
+        kube = KubeClient(api)
         reconciler = Reconciler(kube, lambda: datetime.now(UTC), backends=self.backends, metrics=OperatorMetrics())
         self._stop, ready = threading.Event(), threading.Event()
-        options = OperatorOptions(namespaces=[self.namespace], standalone=True)
-        self._thread = threading.Thread(target=run, args=(reconciler, options, self._stop, ready), daemon=True)
+        options = OperatorOptions(namespaces=[self.namespace], standalone=True, metrics_port=self.metrics_port)
+        self._thread = threading.Thread(target=run, args=(reconciler, api, options, self._stop, ready), daemon=True)
         self._thread.start()
         assert ready.wait(60), "operator did not start"
 
@@ -149,6 +154,18 @@ def world(control_plane: Cluster, crd_installed: str, namespace: str, tmp_path: 
     finally:
         operator.stop()
         kubelet.stop()
+
+
+@pytest.fixture(scope="session")
+def model_dir(request: pytest.FixtureRequest) -> Path:
+    """The BF16 demo model: tests.support.demo's `demo_model_dir` when that fixture exists, else kvcal.demo's cache."""
+    try:
+        found: Path = request.getfixturevalue("demo_model_dir")
+        return found
+    except pytest.FixtureLookupError:
+        from kvcal.demo import demo_model_dir
+
+        return demo_model_dir()
 
 
 def baseline(model_dir: Path, replicas: int = 2) -> list[dict[str, Any]]:
@@ -245,6 +262,14 @@ def test_children_restart_abort_and_cleanup(world: World, tmp_path: Path) -> Non
     assert w.children("Job", name) == [job_name]
     assert [h["phase"] for h in w.kvcal(name)["status"]["history"]] == ["Calibrating"]
 
+    def scrape() -> str | None:
+        url = f"http://127.0.0.1:{w.operator.metrics_port}/metrics"
+        text: str = urllib.request.urlopen(url, timeout=5).read().decode()
+        return text if 'kvcal_objects{phase="Calibrating"} 1.0' in text else None
+
+    metrics = wait_for(scrape, 30, "the operator's metrics to count the Calibrating object")
+    assert re.search(r'kvcal_reconciles_total\{result="ok"\} [1-9]', metrics), metrics
+
     w.cluster.kubectl("annotate", "-n", w.namespace, f"kvcalibration/{name}", "kvcal.dev/abort=e2e")
     obj = w.wait_phase(name, "RolledBack", 30)
     assert "kvcal.dev/abort" not in (obj["metadata"].get("annotations") or {})
@@ -259,9 +284,10 @@ def test_children_restart_abort_and_cleanup(world: World, tmp_path: Path) -> Non
 
 @pytest.mark.model
 @pytest.mark.slow
-def test_lifecycle_promote_with_restarts_in_every_phase(world: World, demo_model_dir: Path) -> None:
+@pytest.mark.timeout(1500)
+def test_lifecycle_promote_with_restarts_in_every_phase(world: World, model_dir: Path) -> None:
     w, name = world, "smollm2"
-    for m in [*baseline(demo_model_dir), dataset_configmap()]:
+    for m in [*baseline(model_dir), dataset_configmap()]:
         w.apply(m)
     wait_for(
         lambda: (w.kube.get("Deployment", w.namespace, "llm") or {}).get("status", {}).get("readyReplicas") == 2,
@@ -272,7 +298,7 @@ def test_lifecycle_promote_with_restarts_in_every_phase(world: World, demo_model
     assert baseline_before is not None
 
     w.kubelet.hold("calibration", "verification", "canary")
-    w.apply(kvcalibration(name, demo_model_dir, w.out))
+    w.apply(kvcalibration(name, model_dir, w.out))
     obj = w.wait_phase(name, "Calibrating")
     assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
     assert "kvcal.dev/finalizer" in obj["metadata"]["finalizers"]
@@ -347,11 +373,12 @@ def test_lifecycle_promote_with_restarts_in_every_phase(world: World, demo_model
 
 @pytest.mark.model
 @pytest.mark.slow
-def test_calibration_failure_reports_the_pod_message(world: World, demo_model_dir: Path) -> None:
+@pytest.mark.timeout(1500)
+def test_calibration_failure_reports_the_pod_message(world: World, model_dir: Path) -> None:
     w, name = world, "broken"
-    for m in [*baseline(demo_model_dir, replicas=1), dataset_configmap()]:
+    for m in [*baseline(model_dir, replicas=1), dataset_configmap()]:
         w.apply(m)
-    spec = kvcalibration(name, demo_model_dir, w.out)
+    spec = kvcalibration(name, model_dir, w.out)
     spec["spec"]["calibration"]["dataset"]["source"] = "configmap://prompts/missing.jsonl"
     w.apply(spec)
     obj = w.wait_phase(name, "Failed", 300)
@@ -367,12 +394,13 @@ def test_calibration_failure_reports_the_pod_message(world: World, demo_model_di
 
 @pytest.mark.model
 @pytest.mark.slow
-def test_verification_mismatch_fails_without_a_canary(world: World, demo_model_dir: Path) -> None:
+@pytest.mark.timeout(1500)
+def test_verification_mismatch_fails_without_a_canary(world: World, model_dir: Path) -> None:
     w, name = world, "mismatch"
-    for m in [*baseline(demo_model_dir, replicas=1), dataset_configmap()]:
+    for m in [*baseline(model_dir, replicas=1), dataset_configmap()]:
         w.apply(m)
     w.kubelet.hold("verification")
-    w.apply(kvcalibration(name, demo_model_dir, w.out))
+    w.apply(kvcalibration(name, model_dir, w.out))
     w.wait_phase(name, "Verifying", CALIBRATION_TIMEOUT)
     _strip_kv_scales(w.out)
     w.kubelet.release("verification")

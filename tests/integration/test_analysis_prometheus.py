@@ -1,7 +1,6 @@
 """Scenario tests: the real Prometheus scrapes two exporters serving vLLM's metric names (baseline and canary,
 controlled latency distributions); PrometheusMetrics measures them and assess_run decides, interval by interval."""
 
-import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -9,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from kvcal.adapters.prometheus import PrometheusMetrics
+from kvcal.adapters.prometheus import Estimator, PrometheusMetrics
 from kvcal.core import promql
 from kvcal.core.analysis import AnalysisVerdict, assess_run
 from kvcal.models.spec import AnalysisSpec, LatencyCheck, PrometheusRef
@@ -23,7 +22,6 @@ WINDOW_SECONDS = 3
 GOOD = Profile(rate=80, ttft_median=0.15, itl_median=0.03, sigma=0.1)
 SLOW = Profile(rate=80, ttft_median=0.30, itl_median=0.045, sigma=0.1)  # TTFT x2, ITL x1.5
 IDLE = Profile(rate=0)
-_ids = itertools.count()
 
 
 @dataclass
@@ -33,6 +31,7 @@ class Rollout:
     canary: VllmExporter
     namespace: str
     selector: promql.Selector
+    estimator: Estimator = "buckets"
 
     def settle(self, scrapes: int = WINDOW_SECONDS + 1) -> None:
         """Let the whole query window fill with samples of the current profiles."""
@@ -41,7 +40,7 @@ class Rollout:
 
     def intervals(self, spec: AnalysisSpec, profiles: list[Profile]) -> list[AnalysisVerdict]:
         """One analysis interval per canary profile, stopping at the first Passed/Failed."""
-        metrics = PrometheusMetrics(self.selector)
+        metrics = PrometheusMetrics(self.selector, estimator=self.estimator)
         status, verdicts = AnalysisStatus(), []
         for profile in profiles:
             if profile != self.canary.profile:
@@ -57,30 +56,43 @@ class Rollout:
         return verdicts
 
 
-@pytest.fixture
-def rollout(prometheus: PrometheusServer, request: pytest.FixtureRequest) -> Iterator[Rollout]:
-    canary_profile: Profile = getattr(request, "param", GOOD)
-    ns = f"analysis-{next(_ids)}"
-    baseline = VllmExporter(GOOD, seed=1).start()
-    canary = VllmExporter(canary_profile, seed=2).start()
-    prometheus.set_targets(
-        ns,
-        {
-            baseline.target: {"namespace": ns, "pod": "llama-bf16-5d4f8b7c9-x1y2z", "role": "baseline"},
-            canary.target: {"namespace": ns, "pod": "llama-bf16-kvcal-canary-6c7d9f-abcde", "role": "canary"},
-        },
-    )
+SCENARIOS = 6  # tests that take a rollout from the pool
+
+
+@pytest.fixture(scope="module")
+def pool(prometheus: PrometheusServer) -> Iterator[list[Rollout]]:
+    """Idle exporter pairs, registered all at once: Prometheus applies target changes at most every 5 s, so one
+    registration for the module instead of one per test. Each test takes its own pair (own namespace label)."""
+    rollouts: list[Rollout] = []
+    targets: dict[str, dict[str, str]] = {}
+    for i in range(SCENARIOS):
+        ns = f"analysis-{i}"
+        baseline, canary = VllmExporter(IDLE, seed=2 * i + 1).start(), VllmExporter(IDLE, seed=2 * i + 2).start()
+        targets[baseline.target] = {"namespace": ns, "pod": "llama-bf16-5d4f8b7c9-x1y2z", "role": "baseline"}
+        targets[canary.target] = {"namespace": ns, "pod": "llama-bf16-kvcal-canary-6c7d9f-abcde", "role": "canary"}
+        selector = promql.pod_regex_selector(ns, "llama-bf16", "llama-bf16-kvcal-canary")
+        rollouts.append(Rollout(prometheus, baseline, canary, ns, selector))
+    prometheus.set_targets("analysis", targets)
     try:
-        prometheus.wait_targets_up([baseline.target, canary.target])
-        r = Rollout(
-            prometheus, baseline, canary, ns, promql.pod_regex_selector(ns, "llama-bf16", "llama-bf16-kvcal-canary")
-        )
-        r.settle()
+        prometheus.wait_targets_up(list(targets))
+        yield rollouts
+    finally:
+        prometheus.remove_targets("analysis")
+        for r in rollouts:
+            r.baseline.stop()
+            r.canary.stop()
+
+
+@pytest.fixture
+def rollout(pool: list[Rollout], request: pytest.FixtureRequest) -> Iterator[Rollout]:
+    r = pool.pop()
+    r.baseline.profile = GOOD
+    r.canary.profile = getattr(request, "param", GOOD)
+    r.settle()
+    try:
         yield r
     finally:
-        prometheus.remove_targets(ns)
-        baseline.stop()
-        canary.stop()
+        r.baseline.profile = r.canary.profile = IDLE
 
 
 def spec_for(server: PrometheusServer | None, **overrides: object) -> AnalysisSpec:
@@ -112,8 +124,10 @@ def test_regression_rolls_back_within_the_failure_limit(rollout: Rollout) -> Non
 
 
 def test_no_regression_passes(rollout: Rollout) -> None:
-    # Same run through the role-label selector (pods labelled kvcal.dev/role, mapped to `role` by the scrape).
+    # Through the role-label selector (pods labelled kvcal.dev/role, mapped to `role` by the scrape) and with
+    # Prometheus' own histogram_quantile instead of kvcal's bucket estimator.
     rollout.selector = promql.role_label_selector(rollout.namespace)
+    rollout.estimator = "histogram_quantile"
     spec = spec_for(rollout.prometheus)
     verdicts = rollout.intervals(spec, [GOOD] * 5)
     assert [v.outcome for v in verdicts] == ["Running", "Running", "Passed"]
@@ -169,3 +183,15 @@ def test_canary_errors_fail_the_error_rate(rollout: Rollout) -> None:
     error_rate = next(m for m in reversed(verdicts[-1].status.measurements) if m.metric == "errorRate")
     assert error_rate.phase == "Failed" and error_rate.canary is not None and not math.isnan(error_rate.canary)
     assert 0.15 < error_rate.canary < 0.45 and error_rate.baseline == 0.0
+
+
+def test_canary_failing_every_request_rolls_back_on_errors_not_on_missing_data(rollout: Rollout) -> None:
+    spec = spec_for(rollout.prometheus)
+    broken = Profile(rate=80, error_rate=1.0)
+    verdicts = rollout.intervals(spec, [broken] * 3)
+    assert [v.outcome for v in verdicts] == ["Running", "Failed"]
+    assert verdicts[-1].reason.startswith("FailureLimit")
+    last = {m.metric: m for m in verdicts[-1].status.measurements[-7:]}
+    assert last["errorRate"].phase == "Failed" and last["errorRate"].canary == 1.0
+    assert last["requests"].phase == "Successful"  # 5xx replies are traffic too
+    assert last["ttft-p95"].phase == "Inconclusive"  # no latency data from a canary that never answers

@@ -1,12 +1,16 @@
 """`helm install` of charts/kvcal on the real control plane, then every API call the operator makes, replayed with a
 token of the chart's own ServiceAccount: none may be Forbidden, and calls outside the role must be.
 
-`service_account_kubeconfig` and `install_chart` are reusable (the lifecycle test runs the operator under the token).
+Reusable for running the operator under the chart's RBAC (the lifecycle under the token): `install_chart`,
+`service_account_kubeconfig`, and the fixtures `cluster_release` / `namespaced_chart_release`.
 """
 
 import json
+import socket
 import subprocess
+import sys
 import tempfile
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,12 +20,16 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.cluster import Cluster
+from tests.support.cluster import Cluster, wait_for
 
 pytestmark = pytest.mark.cluster
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "kvcal"
-FORBIDDEN = "Forbidden"
+FORBIDDEN = "forbidden"  # kubectl says "(Forbidden)" or "is forbidden" depending on the command
+
+
+def is_forbidden(proc: subprocess.CompletedProcess[str]) -> bool:
+    return proc.returncode != 0 and FORBIDDEN in proc.stderr.lower()
 
 
 @dataclass(frozen=True)
@@ -73,7 +81,7 @@ class AsServiceAccount:
         return proc
 
     def forbidden(self) -> list[str]:
-        return [f"{cmd}: {p.stderr.strip()}" for cmd, p in self.calls if FORBIDDEN in p.stderr]
+        return [f"{cmd}: {p.stderr.strip()}" for cmd, p in self.calls if is_forbidden(p)]
 
     def failed(self) -> list[str]:
         return [f"{cmd}: {p.stderr.strip()}" for cmd, p in self.calls if p.returncode != 0]
@@ -178,6 +186,17 @@ def cluster_release(control_plane: Cluster, crd_installed: Any, namespace: str, 
     uninstall_chart(control_plane, release)
 
 
+@pytest.fixture
+def namespaced_chart_release(
+    control_plane: Cluster, crd_installed: Any, namespace: str, workdir: Path
+) -> Iterator[Release]:
+    """The chart installed with rbac.scope=namespace in `namespace`; `.kubeconfig` authenticates as its ServiceAccount.
+    For running an operator under the chart's RBAC: config.new_client_from_config(config_file=str(r.kubeconfig))."""
+    release = install_chart(control_plane, namespace, release_name(), {"rbac.scope": "namespace"}, workdir)
+    yield release
+    uninstall_chart(control_plane, release)
+
+
 def exercise_operator_calls(sa: AsServiceAccount, namespace: str, all_namespaces: bool) -> None:
     """Every call kopf and kvcal.adapters.kube make, in the order of one lifecycle."""
     admin_created = "rbac-demo"
@@ -186,6 +205,8 @@ def exercise_operator_calls(sa: AsServiceAccount, namespace: str, all_namespaces
     # kopf: discovery, then list+watch of the custom resource.
     sa("get", "customresourcedefinitions", "kvcalibrations.kvcal.dev", "-o", "name")
     sa("get", "customresourcedefinitions", "-o", "name")
+    sa("get", "namespaces", "-o", "name")
+    sa("get", "--raw", "/api/v1/namespaces?watch=1&timeoutSeconds=1")
     sa("get", "kvcalibrations", *scope, "-o", "name")
     base = "/apis/kvcal.dev/v1alpha1" + ("" if all_namespaces else f"/namespaces/{namespace}")
     sa("get", "--raw", f"{base}/kvcalibrations?watch=1&timeoutSeconds=1")
@@ -275,19 +296,7 @@ def make_admin_objects(control_plane: Cluster, namespace: str) -> None:
     control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(objs))
 
 
-def test_chart_installs_and_operator_calls_are_allowed(
-    control_plane: Cluster, namespace: str, cluster_release: Release
-) -> None:
-    make_admin_objects(control_plane, namespace)
-    sa = AsServiceAccount(control_plane, cluster_release)
-    exercise_operator_calls(sa, namespace, all_namespaces=True)
-    assert sa.forbidden() == []
-    assert sa.failed() == []
-    assert len(sa.calls) >= 25
-
-
-def test_calls_outside_the_role_are_forbidden(control_plane: Cluster, namespace: str, cluster_release: Release) -> None:
-    sa = AsServiceAccount(control_plane, cluster_release)
+def assert_outside_calls_forbidden(sa: AsServiceAccount, namespace: str) -> None:
     outside = [
         ("get", "secrets", "-n", namespace),
         ("create", "serviceaccount", "intruder", "-n", namespace),
@@ -299,33 +308,131 @@ def test_calls_outside_the_role_are_forbidden(control_plane: Cluster, namespace:
     ]
     for call in outside:
         proc = sa(*call)
-        assert proc.returncode != 0 and FORBIDDEN in proc.stderr, f"{call} was not Forbidden: {proc.stderr}"
+        assert is_forbidden(proc), f"{call} was not Forbidden: {proc.stderr}"
 
 
-def test_gateway_api_routes_are_authorised_before_they_exist(
+def test_chart_installs_and_operator_calls_are_allowed(
     control_plane: Cluster, namespace: str, cluster_release: Release
 ) -> None:
-    """Authorisation runs before routing: with no Gateway API CRD, an allowed call is NotFound, a denied one 403."""
+    make_admin_objects(control_plane, namespace)
     sa = AsServiceAccount(control_plane, cluster_release)
+    exercise_operator_calls(sa, namespace, all_namespaces=True)
+    assert sa.forbidden() == []
+    assert sa.failed() == []
+    assert len(sa.calls) >= 25
+    # ... and what the operator never does stays Forbidden (same release: one install for both checks).
+    assert_outside_calls_forbidden(AsServiceAccount(control_plane, cluster_release), namespace)
+    # Authorisation runs before routing: with no Gateway API CRD here, an allowed call is NotFound, a denied one 403.
     route = f"/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/httproutes/llama"
     allowed = sa("get", "--raw", route)
-    assert FORBIDDEN not in allowed.stderr and "NotFound" in allowed.stderr, allowed.stderr
+    assert not is_forbidden(allowed) and "NotFound" in allowed.stderr, allowed.stderr
     denied = sa("get", "--raw", f"/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/gateways/llama")
-    assert FORBIDDEN in denied.stderr, denied.stderr
+    assert is_forbidden(denied), denied.stderr
+    assert_pod_meets_restricted_pod_security(control_plane, namespace, cluster_release)
 
 
-def test_namespace_scope_is_confined_to_its_namespace(
-    control_plane: Cluster, crd_installed: Any, namespace: str, workdir: Path
-) -> None:
-    release = install_chart(control_plane, namespace, release_name(), {"rbac.scope": "namespace"}, workdir)
+def assert_pod_meets_restricted_pod_security(control_plane: Cluster, namespace: str, release: Release) -> None:
+    """The API server's PodSecurity admission, enforcing `restricted`, admits the operator's pod template (server-side
+    dry run) and refuses a plain pod (so the check is live)."""
+    control_plane.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+    rendered = helm(control_plane, "get", "manifest", release.name, "--namespace", namespace).stdout
+    (dep,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment"]
+    template = dep["spec"]["template"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "operator-psa", **template["metadata"]},
+        "spec": template["spec"],
+    }
+    admitted = control_plane.kubectl(
+        "create", "--dry-run=server", "-n", namespace, "-f", "-", input=manifest(pod), check=False
+    )
+    assert admitted.returncode == 0 and "violate" not in admitted.stderr, admitted.stderr
+    plain = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "plain-psa"},
+        "spec": {"containers": [{"name": "c", "image": "busybox:1.37"}]},
+    }
+    refused = control_plane.kubectl(
+        "create", "--dry-run=server", "-n", namespace, "-f", "-", input=manifest(plain), check=False
+    )
+    assert refused.returncode != 0 and "restricted" in refused.stderr, refused.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def scrape(port: int) -> str | None:
     try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            body: bytes = response.read()
+            return body.decode()
+    except OSError:
+        return None
+
+
+def test_real_operator_runs_under_the_namespaced_role(
+    control_plane: Cluster, namespace: str, workdir: Path, namespaced_chart_release: Release
+) -> None:
+    """rbac.scope=namespace: `kvcal operator run` (the Deployment's command) with the chart's token starts, reconciles
+    a KVCalibration into Calibrating (creates the Job and its ConfigMap), exports metrics, and is never Forbidden;
+    the same token cannot reach beyond the namespace. (The Role's rules are the ClusterRole's namespaced rules, a
+    unit test checks; test_chart_installs_and_operator_calls_are_allowed replays every one of them.)"""
+    release = namespaced_chart_release
+    log_path = workdir / "operator.log"
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "kvcal",
+        "operator",
+        "run",
+        "--standalone",
+        f"--namespace={namespace}",
+        f"--metrics-port={port}",
+        "--kubeconfig",
+        str(release.kubeconfig),
+    ]
+    with log_path.open("w") as log:
+        operator = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=control_plane.env())
+    try:
+        wait_for(lambda: scrape(port), 60, "the operator's metrics endpoint")
         make_admin_objects(control_plane, namespace)
+
+        def calibrating() -> dict[str, Any] | None:
+            obj = control_plane.get_json("kvcalibration", "rbac-demo", "-n", namespace)
+            status: dict[str, Any] = obj.get("status") or {}  # type: ignore[assignment]
+            job = status.get("calibration", {}).get("job")
+            if status.get("phase") != "Calibrating" or not job:
+                return None
+            return (
+                status
+                if control_plane.kubectl("get", "job", job, "-n", namespace, check=False).returncode == 0
+                else None
+            )
+
+        status = wait_for(calibrating, 90, "the operator to create the calibration Job")
+        assert status["observedGeneration"] == 1
+        wait_for(lambda: 'kvcal_objects{phase="Calibrating"} 1.0' in (scrape(port) or ""), 30, "kvcal_objects")
         sa = AsServiceAccount(control_plane, release)
-        exercise_operator_calls(sa, namespace, all_namespaces=False)
-        assert sa.forbidden() == []
-        assert sa.failed() == []
-        for outside in (("get", "kvcalibrations", "-A"), ("get", "jobs", "-n", "kube-system"), ("get", "namespaces")):
-            proc = sa(*outside)
-            assert FORBIDDEN in proc.stderr, f"{outside} was not Forbidden under rbac.scope=namespace"
+        for outside in (
+            ("get", "kvcalibrations", "-A"),
+            ("get", "jobs", "-n", "kube-system"),
+            ("get", "secrets", "-n", namespace),
+        ):
+            assert is_forbidden(sa(*outside)), f"{outside} was not Forbidden under rbac.scope=namespace"
     finally:
-        uninstall_chart(control_plane, release)
+        operator.terminate()
+        try:
+            operator.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+            operator.wait()
+    log_text = log_path.read_text()
+    denied = [line for line in log_text.splitlines() if "forbidden" in line.lower() or " 403" in line]
+    assert denied == [], "\n".join(denied)

@@ -124,7 +124,9 @@ def control_plane() -> Iterator[Cluster]:
         if os.environ.get("KVCAL_ALLOW_SKIP") == "1":
             pytest.skip(reason)
         pytest.fail(reason + "; set KVCAL_ALLOW_SKIP=1 to skip cluster tests instead")
-    plane = ControlPlane(bin_dir).start()
+    # The CRD goes in before the controller-manager starts, so its garbage collector knows KVCalibrations at once
+    # (it rediscovers resource types only every 30 s); `crd_installed` still applies crds/ with kubectl.
+    plane = ControlPlane(bin_dir, crds=sorted(CRD_DIR.glob("*.yaml"))).start()
     try:
         yield Cluster(plane)
     finally:

@@ -121,6 +121,11 @@ class PrometheusServer:
         self.groups[key] = [{"targets": [t], "labels": labels} for t, labels in targets.items()]
         self._write_targets()
 
+    def set_target_groups(self, key: str, groups: list[tuple[str, dict[str, str]]]) -> None:
+        """Like set_targets, but one address may appear in several groups (e.g. scraped once per role)."""
+        self.groups[key] = [{"targets": [t], "labels": labels} for t, labels in groups]
+        self._write_targets()
+
     def remove_targets(self, key: str) -> None:
         self.groups.pop(key, None)
         self._write_targets()

@@ -15,6 +15,8 @@ from kvcal.core.analysis import (
     error_measurement,
     informational,
     interval_phase,
+    quantile_from_buckets,
+    query_window_seconds,
 )
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
 from kvcal.models.status import MAX_MEASUREMENTS, AnalysisStatus, Measurement
@@ -227,3 +229,45 @@ def test_limits_below_one_act_as_one() -> None:
     spec = AnalysisSpec(failure_limit=0)
     assert assess_run(spec, AnalysisStatus(), [m("Successful")], NOW).outcome == "Running"
     assert assess_run(spec, AnalysisStatus(), [m("Failed")], NOW).outcome == "Failed"
+
+
+# --- quantile estimate and query window ---------------------------------------------------------------------------
+
+
+def lognormal_buckets(median: float, sigma: float, n: float = 1e6) -> list[tuple[float, float]]:
+    from statistics import NormalDist
+
+    bounds = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0]
+    cdf = NormalDist(math.log(median), sigma).cdf
+    return [*((b, n * cdf(math.log(b))) for b in bounds), (math.inf, n)]
+
+
+def test_quantile_from_buckets_tracks_a_15_percent_shift_inside_wide_buckets() -> None:
+    base = quantile_from_buckets(0.95, lognormal_buckets(0.2, 0.5))
+    slow = quantile_from_buckets(0.95, lognormal_buckets(0.23, 0.5))
+    assert base is not None and slow is not None
+    assert base == pytest.approx(0.2 * math.exp(1.6449 * 0.5), rel=1e-3)
+    assert slow / base == pytest.approx(1.15, rel=1e-3)
+
+
+def test_quantile_from_buckets_edge_cases() -> None:
+    assert quantile_from_buckets(0.95, [(0.1, 0), (math.inf, 0)]) is None
+    assert quantile_from_buckets(0.5, [(0.1, 10), (0.2, 10), (math.inf, 10)]) == pytest.approx(0.05)  # first bucket
+    assert quantile_from_buckets(0.99, [(0.1, 5), (0.2, 9), (math.inf, 10)]) == 0.2  # +Inf bucket: its lower bound
+    # every sample at or below the bucket's upper bound: Prometheus' linear rule
+    assert quantile_from_buckets(0.75, [(0.1, 5), (0.2, 10), (math.inf, 10)]) == pytest.approx(0.15)
+    with pytest.raises(ValueError, match="le=\\+Inf"):
+        quantile_from_buckets(0.95, [(0.1, 5)])
+
+
+def test_query_window_grows_to_three_intervals_after_the_warmup() -> None:
+    spec = AnalysisSpec(interval="60s", warmup="120s")
+    assert query_window_seconds(spec, AnalysisStatus(), NOW) == 60
+
+    def window(started: str) -> float:
+        return query_window_seconds(spec, AnalysisStatus(started_at=started), NOW)
+
+    assert window("2026-12-02T09:58:00Z") == 60  # first measurement, at the end of the warmup
+    assert window("2026-12-02T09:57:00Z") == 120  # second
+    assert window("2026-12-02T09:56:00Z") == 180  # third
+    assert window("2026-12-02T09:00:00Z") == 180  # capped

@@ -44,13 +44,24 @@ def render(values: dict[str, str] | None = None, namespace: str = "kvcal-system"
 
 
 def one(docs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
-    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(name_suffix)]
+    found = [
+        d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(name_suffix) and not is_user_role(d)
+    ]
     assert len(found) == 1, f"expected one {kind} *{name_suffix}, got {[d['metadata']['name'] for d in found]}"
     return found[0]
 
 
+def is_user_role(doc: dict[str, Any]) -> bool:
+    """The ClusterRoles aggregated into admin/edit/view: for people, not the operator."""
+    return any(k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in doc["metadata"].get("labels", {}))
+
+
+def operator_roles(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] in ("ClusterRole", "Role") and not is_user_role(d)]
+
+
 def rbac_rules(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for d in docs if d["kind"] in ("ClusterRole", "Role") for r in d["rules"]]
+    return [r for d in operator_roles(docs) for r in d["rules"]]
 
 
 NAMESPACED = {"rbac.scope": "namespace", "watchNamespace": "team-a"}
@@ -98,7 +109,7 @@ def test_operator_deployment_is_single_recreate_and_hardened(default_docs: list[
     assert ports == {"metrics": 9090, "health": 8080}
     assert container["command"] == ["kvcal", "operator", "run"]
     args = container["args"]
-    assert "--standalone" in args and "--all-namespaces" in args
+    assert "--standalone" in args and not [a for a in args if a.startswith("--namespace")]
     assert "--metrics-port=9090" in args and "--liveness=http://0.0.0.0:8080/healthz" in args
     # Read-only root: the only writable path is an emptyDir at /tmp.
     assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
@@ -127,18 +138,28 @@ def test_namespace_scope_uses_a_role_in_the_watched_namespace(namespaced_docs: l
     assert role["metadata"]["namespace"] == "team-a"
     assert one(namespaced_docs, "RoleBinding")["metadata"]["namespace"] == "team-a"
     args = one(namespaced_docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--namespace=team-a" in args and "--all-namespaces" not in args
-    # The only cluster-scoped grant left: reading CRDs for kopf's discovery.
-    (cluster_role,) = [d for d in namespaced_docs if d["kind"] == "ClusterRole"]
+    assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a"]
+    # The only cluster-scoped grant left: reading CRDs and namespaces for kopf's discovery.
+    (cluster_role,) = [d for d in operator_roles(namespaced_docs) if d["kind"] == "ClusterRole"]
     assert cluster_role["rules"] == [
         {
             "apiGroups": ["apiextensions.k8s.io"],
             "resources": ["customresourcedefinitions"],
             "verbs": ["get", "list", "watch"],
-        }
+        },
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
     ]
-    without = render({**NAMESPACED, "rbac.crdDiscovery": "false"})
+    without = render({**NAMESPACED, "rbac.clusterDiscovery": "false", "rbac.aggregateToDefaultRoles": "false"})
     assert not [d for d in without if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+
+
+def test_role_holds_exactly_the_cluster_roles_namespaced_rules(
+    default_docs: list[dict[str, Any]], namespaced_docs: list[dict[str, Any]]
+) -> None:
+    cluster_rules = one(default_docs, "ClusterRole")["rules"]
+    role_rules = one(namespaced_docs, "Role")["rules"]
+    discovery = one(namespaced_docs, "ClusterRole")["rules"]
+    assert role_rules + discovery == cluster_rules
 
 
 def test_namespace_scope_defaults_to_the_release_namespace() -> None:
@@ -175,6 +196,21 @@ def test_rbac_grants_what_the_operator_calls(default_docs: list[dict[str, Any]])
     assert {"get", "patch"} == granted(rules, "gateway.networking.k8s.io", "httproutes")
     # The operator never deletes or creates a KVCalibration: those belong to users and Git.
     assert not {"create", "delete"} & granted(rules, "kvcal.dev", "kvcalibrations")
+
+
+def test_user_roles_aggregate_into_edit_and_view(default_docs: list[dict[str, Any]]) -> None:
+    users = {
+        d["metadata"]["name"].rsplit("-", 1)[1]: d
+        for d in default_docs
+        if d["kind"] == "ClusterRole" and is_user_role(d)
+    }
+    assert set(users) == {"edit", "view"}
+    assert users["edit"]["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert users["view"]["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert {v for r in users["view"]["rules"] for v in r["verbs"]} == {"get", "list", "watch"}
+    for role in users.values():
+        assert all("*" not in r[f] for r in role["rules"] for f in ("apiGroups", "resources", "verbs"))
+        assert {g for r in role["rules"] for g in r["apiGroups"]} == {"kvcal.dev"}
 
 
 def test_gateway_api_grant_is_optional() -> None:
@@ -242,15 +278,19 @@ def test_job_images_reach_the_operator(default_docs: list[dict[str, Any]]) -> No
     env = {e["name"]: e.get("value") for e in container["env"]}
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert env["KVCAL_CALIBRATOR_IMAGE"] == values["jobImages"]["calibrator"]
-    assert env["KVCAL_VERIFIER_IMAGE"] == values["jobImages"]["verifier"]
 
 
 @pytest.mark.parametrize("docs_fixture", ["default_docs", "namespaced_docs"])
-def test_operator_command_line_parses(docs_fixture: str, request: pytest.FixtureRequest) -> None:
+def test_operator_command_line_parses(
+    docs_fixture: str, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The Deployment's command and args are accepted by the real `kvcal operator run` parser."""
     from kvcal.cli import build_parser
 
     container = one(request.getfixturevalue(docs_fixture), "Deployment")["spec"]["template"]["spec"]["containers"][0]
     argv = [*container["command"][1:], *container["args"]]
-    args = build_parser(argv[0]).parse_args(argv)
+    try:
+        args = build_parser(argv[0]).parse_args(argv)
+    except SystemExit:
+        pytest.fail(f"`kvcal {' '.join(argv)}` is refused by the operator's parser: {capsys.readouterr().err}")
     assert callable(args.func)

@@ -3,6 +3,7 @@ scoring, percentiles, the variant plan, holdout parsing and the rendered table."
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,7 +103,7 @@ def test_needle_lengths_reach_near_the_limit() -> None:
 
 
 def test_table_lists_configs_and_skips() -> None:
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"name": "bf16", "status": "ok", "kvCacheTokens": 93184, "exactMatch": 0.5, "needle": {"512": 1.0}},
         {
             "name": "fp8-calibrated-tensor",
@@ -113,7 +114,7 @@ def test_table_lists_configs_and_skips() -> None:
             "logprobDeltaMeanAbs": 0.01,
             "sameAsBf16": 0.9,
             "needle": {"512": 0.5},
-        },  # fmt: skip
+        },
         {"name": "fp8-calibrated-head", "status": "skipped: CPU backend collapses per-head"},
     ]
     text = report.table(rows)

@@ -11,6 +11,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
+import annotated_types
 import pytest
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -86,6 +87,11 @@ def _walk(model: type[BaseModel], schema: dict[str, Any], path: str) -> None:
     for alias, info in fields.items():
         prop, where = props[alias], f"{path}.{alias}"
         _check_type(info.annotation, prop, where)
+        for bound in info.metadata:  # bounds the model declares (Field(ge=..., le=...)) must be the CRD's
+            if isinstance(bound, annotated_types.Ge):
+                assert prop.get("minimum") == bound.ge, f"{where}: minimum differs"
+            if isinstance(bound, annotated_types.Le):
+                assert prop.get("maximum") == bound.le, f"{where}: maximum differs"
         if info.is_required() or info.get_default(call_default_factory=True) is None:
             assert "default" not in prop, f"{where}: CRD has a default, the model has none"
             continue

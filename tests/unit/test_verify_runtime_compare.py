@@ -62,11 +62,13 @@ def test_per_head_collapsed_to_max_over_heads() -> None:
 
 def test_per_head_kept_by_the_backend_is_ok() -> None:
     heads = (0.01, 0.02, 0.03)
-    row = LoadedScale(
-        "model.layers.0.self_attn.attn", 0.03, 0.03, "fp8", "CompressedTensorsKVCacheMethod", heads, heads
-    )
+    name, method = "model.layers.0.self_attn.attn", "CompressedTensorsKVCacheMethod"
+    row = LoadedScale(name, 0.03, 0.03, "fp8", method, heads, heads, "FLASH_ATTN", True)
     checkpoint = StaticResult(ModelShape(1, 3), "attn_head", {0: LayerScales(heads, heads)})
     assert compare(checkpoint, [row], "fp8").problems == []
+    # vLLM 0.32 keeps the per-head buffer on CPU too, but CPU_ATTN uses only the float (the max): collapsed.
+    cpu = LoadedScale(name, 0.03, 0.03, "fp8", method, heads, heads, "CPU_ATTN", False)
+    assert [p.code for p in compare(checkpoint, [cpu], "fp8").problems] == ["collapsed", "collapsed"]
 
 
 def test_auto_silently_switched_to_fp8_is_noted() -> None:

@@ -157,13 +157,29 @@ def test_legacy_names(tmp_path: Path, legacy: str, fate: str) -> None:
     assert "self_attn.k_scale" in legacy_problems[0].message  # the fix
 
 
+def head_stats(absmax: float) -> dict[str, Any]:
+    return {"head": 0, "scale": 0.0, "calibration": {"absmax": absmax, "p999": absmax, "p9999": absmax}}
+
+
 def test_scale_below_calibration_max_is_clipping(tmp_path: Path) -> None:
-    # layer 1 k scale is 0.06: covers |K| up to 26.88; the report says 40 was seen.
-    report = {"layers": [{"layer": 1, "kAbsMax": 40.0, "vAbsMax": 0.02 * 448}, {"layer": 0, "kAbsMax": 0.03 * 448}]}
+    # The calibrator's report: per layer, per KV head. Layer 1's k scale 0.06 holds |K| up to 26.88; 40 was seen.
+    report = {
+        "reportVersion": 1,
+        "layers": [
+            {"layer": 0, "k": [head_stats(0.03 * 448), head_stats(1.0)], "v": [head_stats(0.01 * 448)]},
+            {"layer": 1, "k": [head_stats(3.0), head_stats(40.0)], "v": [head_stats(0.02 * 448)]},
+        ],
+    }
     result = static.verify(write(tmp_path, scales(), config(), report))
     assert codes(result) == ["clipped"]
     assert result.problems[0].tensor == "model.layers.1.self_attn.k_scale"
     assert "40" in result.problems[0].message
+
+
+def test_flat_report_maxima_are_read_too() -> None:
+    maxima = static.calibration_maxima({"layers": [{"layer": 2, "kAbsMax": 5.0, "vAbsMax": 1}, "junk", {"x": 1}]})
+    assert maxima == {(2, "k"): (5.0,), (2, "v"): (1.0,)}
+    assert static.calibration_maxima({"layers": "nope"}) == {}
 
 
 def test_bf16_rounding_of_a_covering_scale_is_not_clipping() -> None:

@@ -99,9 +99,13 @@ replays each call under the chart's ServiceAccount token).
 {{- end }}
 {{- end }}
 
-{{/* Cluster-scoped reads kopf uses to discover resources (settings.scanning). */}}
+{{/* Cluster-scoped reads kopf's discovery (settings.scanning) makes: CRDs, and namespaces (it lists them even
+when told to serve one namespace). Read-only; names of namespaces and CRDs only. */}}
 {{- define "kvcal.discoveryRules" -}}
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: [""]
+  resources: ["namespaces"]
   verbs: ["get", "list", "watch"]
 {{- end }}

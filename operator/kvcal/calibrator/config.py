@@ -1,6 +1,7 @@
 """CalibrationConfig: the calibration Job's config file (JSON, camelCase, written by the operator) and the parsed
 form of `kvcal calibrate` flags. One model for both, so the CLI and the Job cannot drift apart."""
 
+from itertools import pairwise
 from pathlib import Path
 from typing import Literal
 
@@ -45,7 +46,7 @@ class CalibrationConfig(Model):
     @field_validator("length_buckets")
     @classmethod
     def _increasing(cls, v: list[int]) -> list[int]:
-        if not v or any(b <= a for a, b in zip(v, v[1:], strict=False)) or v[0] <= 0:
+        if not v or any(b <= a for a, b in pairwise(v)) or v[0] <= 0:
             raise ValueError("lengthBuckets: must be positive, strictly increasing token counts")
         return v
 

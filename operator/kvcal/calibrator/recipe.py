@@ -51,7 +51,7 @@ def device_memory_bytes() -> int:
 def run_oneshot(model: nn.Module, samples: Sequence[Sample], strategy: str, observer: str, pipeline: str) -> None:
     """Calibrate in place: attention modules get `k_scale` / `v_scale` parameters; weights are untouched."""
     from datasets import Dataset
-    from llmcompressor import oneshot
+    from llmcompressor import oneshot  # type: ignore[attr-defined]
     from llmcompressor.modifiers.quantization import QuantizationModifier
 
     ds = Dataset.from_dict(
@@ -61,9 +61,11 @@ def run_oneshot(model: nn.Module, samples: Sequence[Sample], strategy: str, obse
         }
     )
     recipe = QuantizationModifier(kv_cache_scheme=kv_cache_scheme(strategy, observer))
-    log.info("llm-compressor oneshot: %d samples, strategy=%s observer=%s pipeline=%s", len(ds), strategy, observer, pipeline)
+    log.info(
+        "llm-compressor oneshot: %d samples, strategy=%s observer=%s pipeline=%s", len(ds), strategy, observer, pipeline
+    )
     oneshot(
-        model=model,
+        model=model,  # type: ignore[arg-type]
         dataset=ds,
         recipe=recipe,
         num_calibration_samples=len(ds),

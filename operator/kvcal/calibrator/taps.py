@@ -84,7 +84,12 @@ class Tap:
 def attention_layers(model: nn.Module) -> list[nn.Module]:
     """Attention modules in layer order (modules with a `layer_idx` and k_proj/v_proj)."""
     found = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "k_proj") and hasattr(m, "v_proj")]
-    return sorted(found, key=lambda m: int(m.layer_idx))
+    return sorted(found, key=layer_index)
+
+
+def layer_index(attn: nn.Module) -> int:
+    idx: int = attn.layer_idx  # type: ignore[assignment]
+    return int(idx)
 
 
 def attach(model: nn.Module, tap: Callable[[int, str, torch.Tensor], torch.Tensor | None]) -> list[object]:
@@ -98,7 +103,7 @@ def attach(model: nn.Module, tap: Callable[[int, str, torch.Tensor], torch.Tenso
     handles: list[object] = []
     for attn in attention_layers(model):
         initialize_hooked_kv_cache(model, attn)  # no-op when llm-compressor already did it
-        layer = int(attn.layer_idx)
+        layer = layer_index(attn)
 
         def on_k(_m: nn.Module, x: torch.Tensor, layer: int = layer) -> torch.Tensor | None:
             return tap(layer, "k", x)

@@ -58,6 +58,7 @@ def _demo_dirs() -> tuple[Path, Path]:
 
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the progress
     if args.demo:
         model, calibrated = _demo_dirs()
     elif args.model is None or args.calibrated is None:

@@ -32,6 +32,7 @@ def parse_prompt_logprobs(entries: Sequence[Mapping[str, Any] | None], token_ids
             continue
         ranked = {int(tok): info for tok, info in entry.items()}
         best = next((tok for tok, info in ranked.items() if info.get("rank") == 1), None)
+        actual: int | None
         if token_ids is not None and position < len(token_ids) and token_ids[position] in ranked:
             actual = token_ids[position]
         else:  # without token ids: the actual token is the one not ranked first, or the only one

@@ -75,6 +75,7 @@ def plan(model: Path, calibrated: Path, per_head: Path | None, where: str, fp8_b
         Variant(f"fp8-calibrated-{'head' if strategy == 'attn_head' else 'tensor'}", calibrated, "fp8", fp8_blocker),
     ]
     if strategy != "attn_head":
+        reason: str | None
         if where == "cpu":
             reason = "CPU backend collapses per-head scales to per-tensor (the max over heads)"
         elif per_head is None:
@@ -150,7 +151,7 @@ def summarize(observed: Observed, baseline: Observed | None, probe_set: list[Pro
         row["sameAsBf16"] = _round(fraction(same))
     needles: dict[str, list[bool]] = {}
     for p in probe_set:
-        if p.kind == "needle":
+        if p.kind == "needle" and p.id not in observed.errors:  # a failed request is an error, not a miss
             needles.setdefault(str(p.context_tokens), []).append(score(p, _text(observed, p)))
     row["needle"] = {length: _round(fraction(hits)) for length, hits in needles.items()}
     row["needlePromptTokens"] = {

@@ -1,6 +1,7 @@
 """A real `vllm serve` subprocess on a free loopback port: started, waited on (GET /health, or the process dying),
 logged to a file, and torn down with its whole process group (vLLM forks an engine-core process)."""
 
+import contextlib
 import os
 import signal
 import socket
@@ -130,10 +131,8 @@ class VllmServer:
     def process_wait(self, seconds: float) -> None:
         """Waits for the process to exit, at most `seconds` (the poll interval of the health wait)."""
         assert self.process is not None
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=seconds)
-        except subprocess.TimeoutExpired:
-            pass
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -151,10 +150,8 @@ class VllmServer:
         except subprocess.TimeoutExpired:
             os.killpg(pgid, signal.SIGKILL)
             self.process.wait(timeout=30)
-        try:  # the engine-core child may outlive the API server by a moment
+        with contextlib.suppress(ProcessLookupError):  # the engine-core child may outlive the API server a moment
             os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
     def __enter__(self) -> "VllmServer":
         return self.start()

@@ -96,15 +96,16 @@ def quantile_from_buckets(q: float, buckets: Sequence[tuple[float, float]]) -> f
 
 
 def query_window_seconds(spec: AnalysisSpec, status: AnalysisStatus, now: datetime, intervals: int = 3) -> float:
-    """Query window for the next measurement: the time since the analysis started (at least one interval), at
-    most ``intervals`` intervals. A longer window holds more requests, so the p95 estimate is less noisy; a
-    capped one still forgets a canary's early behaviour (benchmarks/bench_analysis.py, 'window x3')."""
+    """Query window for the measurement taken at ``now``: everything since the first measurement was due (the end
+    of the warmup after ``status.startedAt``) plus that first interval, at least one interval and at most
+    ``intervals`` intervals. More requests make a steadier p95 (benchmarks/bench_analysis.py: 'window <=3'); the
+    cap still lets a canary that degrades late fail."""
     interval = spec.interval_seconds
     if status.started_at is None:
         return interval
     started = datetime.strptime(status.started_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    elapsed = (now - started).total_seconds() + interval  # the interval being measured now
-    return max(interval, min(elapsed, intervals * interval))
+    since_first = (now - started).total_seconds() - spec.warmup_seconds
+    return max(interval, min(since_first + interval, intervals * interval))
 
 
 def _too_few_requests(requests: RequestCounts | None, min_requests: int) -> str | None:

@@ -60,12 +60,13 @@ from kvcal.models.status import (
 )
 
 P = Phase
-# How long to wait before looking again when nothing wakes the operator earlier (child events usually do).
+# How long to wait before looking again when nothing wakes the operator earlier: Job and canary events wake it (so
+# those phases poll slowly); the baseline is not watched, so Promoting polls its rollout.
 POLL_SECONDS: dict[Phase, float | None] = {
     P.PENDING: 1.0,
-    P.CALIBRATING: 15.0,
-    P.VERIFYING: 10.0,
-    P.DEPLOYING: 5.0,
+    P.CALIBRATING: 60.0,
+    P.VERIFYING: 30.0,
+    P.DEPLOYING: 15.0,
     P.ANALYZING: 5.0,
     P.AWAITING_PROMOTION: 300.0,
     P.PROMOTING: 5.0,
@@ -74,6 +75,23 @@ POLL_SECONDS: dict[Phase, float | None] = {
     P.ROLLED_BACK: None,
     P.FAILED: None,
     P.INVALID_SPEC: None,
+}
+# What the reconciler must read for a KVCalibration in each phase (Observations fields; the others stay None). It
+# covers the phases a pass can chain into (Analyzing -> Promoting, Deploying -> RollingBack, ...); gates and spec
+# changes never chain, so a pass never acts on something it did not read.
+OBSERVES: dict[Phase, frozenset[str]] = {
+    P.PENDING: frozenset({"calibration_job"}),
+    P.CALIBRATING: frozenset({"calibration_job"}),
+    P.VERIFYING: frozenset({"verification_job", "baseline"}),
+    P.DEPLOYING: frozenset({"canary", "baseline", "baseline_service"}),
+    P.ANALYZING: frozenset({"canary", "baseline", "baseline_service"}),
+    P.AWAITING_PROMOTION: frozenset({"canary", "baseline"}),
+    P.PROMOTING: frozenset({"canary", "baseline"}),
+    P.ROLLING_BACK: frozenset({"canary", "calibration_job", "verification_job"}),
+    P.SUCCEEDED: frozenset(),
+    P.ROLLED_BACK: frozenset(),
+    P.FAILED: frozenset(),
+    P.INVALID_SPEC: frozenset(),
 }
 _WARNING_PHASES = frozenset({P.FAILED, P.ROLLING_BACK, P.ROLLED_BACK, P.INVALID_SPEC})
 _CALIBRATION_KEYS = {
@@ -184,8 +202,10 @@ def decide(spec: KVCalibrationSpec | None, status: KVCalibrationStatus, obs: Obs
         b.move(P.PENDING, "SpecFixed", "the spec is valid again")
     _on_spec_change(b, spec, current_hash)
     _on_gates(b, spec)
-    if b.phase == P.PENDING and status.phase != P.PENDING:
-        return b.finish()  # starting over: let the deletions land before creating the new children
+    if b.phase != status.phase:
+        # A spec change, an abort or a retry only moves the phase (and deletes what must go); the new phase's work
+        # happens in the next pass, on observations gathered for that phase (deletions have landed by then).
+        return b.finish()
     try:
         _HANDLERS[b.phase](b, spec, current_hash)
     except BaselineError as e:
@@ -281,6 +301,7 @@ def _pending(b: _Builder, spec: KVCalibrationSpec, h: str) -> None:
     b.update(calibration=CalibrationStatus(job=name, spec_hash=h))
     b.condition("Calibrated", "False", "JobRunning", f"calibration Job {name} is running")
     b.move(P.CALIBRATING, "CalibrationStarted", f"calibration Job {name} created")
+    b.update(message=f"calibration Job {name} is running")  # what the next passes say: no second write
 
 
 def _calibrating(b: _Builder, spec: KVCalibrationSpec, h: str) -> None:
@@ -316,7 +337,6 @@ def _calibrating(b: _Builder, spec: KVCalibrationSpec, h: str) -> None:
     b.update(calibration=calibration)
     b.condition("Calibrated", "True", "JobSucceeded", _calibration_message(calibration))
     b.move(P.VERIFYING, "Calibrated", _calibration_message(calibration))
-    _verifying(b, spec, h)
 
 
 def _calibration_message(c: CalibrationStatus) -> str:
@@ -340,7 +360,7 @@ def _verifying(b: _Builder, spec: KVCalibrationSpec, h: str) -> None:
         b.do(Create(build_verification_job(b.obs.owner, spec, h, container, pod)))
         b.update(verification=VerificationStatus(job=name))
         b.condition("ScalesVerified", "Unknown", "JobRunning", f"verification Job {name} is running")
-        b.wait(f"verification Job {name} created")
+        b.wait(f"verification Job {name} is running")
         return
     if job.state == "Running":
         b.update(verification=VerificationStatus(job=job.name))
@@ -366,7 +386,6 @@ def _verifying(b: _Builder, spec: KVCalibrationSpec, h: str) -> None:
     message = f"vLLM loaded the calibrated scales of {verification.layers} layers, 0 mismatches"
     b.condition("ScalesVerified", "True", "ScalesLoaded", message)
     b.move(P.DEPLOYING, "ScalesVerified", message)
-    _deploying(b, spec, h)
 
 
 def _json_object(text: str) -> dict[str, Any]:

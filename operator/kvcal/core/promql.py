@@ -44,8 +44,15 @@ TEMPLATES: dict[str, str] = {
     "latency": "histogram_quantile($quantile, sum by (le) (rate({${histogram},$selector}[$window])))",
     # The same buckets, for kvcal's own quantile estimate (kvcal.core.analysis.quantile_from_buckets).
     "latency_buckets": "sum by (le) (rate({${histogram},$selector}[$window]))",
-    # Requests the engine finished (any finished_reason): the traffic count compared to minRequests.
-    "requests": "sum(increase({" + vllm_series("request_success_total") + ",$selector}[$window]))",
+    # Requests the engine finished (any finished_reason) plus generation requests that failed with HTTP 5xx: the
+    # traffic count compared to minRequests (a canary failing every request still counts as traffic).
+    "requests": (
+        "sum(increase({" + vllm_series("request_success_total") + ",$selector}[$window]))"
+        ' + (sum(increase(http_requests_total{$selector,handler=~"'
+        + _GENERATION_HANDLERS
+        + '",status="5xx"}[$window]))'
+        " or vector(0))"
+    ),
     # Server errors on generation endpoints (HTTP 5xx) over all generation requests; no 5xx series means 0 errors.
     "error_rate": (
         '(sum(increase(http_requests_total{$selector,handler=~"' + _GENERATION_HANDLERS + '",status="5xx"}[$window]))'

@@ -8,7 +8,9 @@ admin kubeconfig authenticates with a client certificate (group system:masters);
 """
 
 import argparse
+import base64
 import ctypes
+import functools
 import json
 import os
 import shutil
@@ -22,15 +24,18 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
+
+import yaml
 
 from kvcal.devenv.pki import CertificateAuthority, KeyPair, service_account_keys
 
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_IP = "10.0.0.1"  # the first address of SERVICE_CIDR: the `kubernetes` Service; in the serving cert's SANs
+CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 # What the operator and its tests need: owner-reference garbage collection, Jobs, Deployments (through ReplicaSets),
 # namespace deletion, per-namespace `default` ServiceAccounts and kube-root-ca.crt, TTL of finished Jobs.
@@ -77,21 +82,19 @@ def _die_with_parent() -> None:
     libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
-def _http_status(url: str, context: ssl.SSLContext | None = None) -> int:
-    """HTTP status of GET url; 0 when nothing answers yet."""
+def _http_request(request: urllib.request.Request | str, context: ssl.SSLContext | None = None) -> tuple[int, str]:
+    """(HTTP status, body); status 0 when nothing answers yet."""
     try:
-        with urllib.request.urlopen(url, context=context, timeout=5) as response:
-            status: int = response.status
-            return status
+        with urllib.request.urlopen(request, context=context, timeout=5) as response:
+            return int(response.status), response.read().decode()
     except urllib.error.HTTPError as err:
-        return err.code
+        return err.code, err.read().decode(errors="replace")
     except (urllib.error.URLError, OSError):
-        return 0
+        return 0, ""
 
 
 def write_kubeconfig(path: Path, server: str, ca: Path, client: KeyPair, user: str) -> None:
     """A kubeconfig with the certificates embedded, so it stays valid when copied elsewhere."""
-    import base64
 
     def b64(p: Path) -> str:
         return base64.b64encode(p.read_bytes()).decode()
@@ -114,16 +117,23 @@ class ControlPlane:
     """`start()` (or `with ControlPlane() as cp:`); `stop()` kills the processes and removes the state."""
 
     def __init__(
-        self, bin_dir: Path | None = None, root: Path | None = None, *, controller_manager: bool = True
+        self,
+        bin_dir: Path | None = None,
+        root: Path | None = None,
+        *,
+        controller_manager: bool = True,
+        crds: Sequence[Path] = (),
     ) -> None:
         self.bin_dir = bin_dir or default_bin_dir()
         self._own_root = root is None
         self.dir = root or Path(tempfile.mkdtemp(prefix="kvcal-cp-"))
         self.controller_manager = controller_manager
+        self.crds = tuple(crds)
         self.kubeconfig = self.dir / "admin.kubeconfig"
         self.port = 0
         self.server = ""
         self.startup_seconds = 0.0
+        self.waits: dict[str, float] = {}  # seconds spent waiting for each readiness condition (start-up profile)
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._admin: KeyPair | None = None
         self._ca: Path | None = None
@@ -176,13 +186,18 @@ class ControlPlane:
         self._spawn("etcd", self._etcd_args(etcd_port, peer_port))
         # The API server's etcd clients back off when etcd is not up yet: a healthy etcd first starts it faster.
         etcd_health = f"http://127.0.0.1:{etcd_port}/health"
-        self._wait("etcd /health", lambda: _http_status(etcd_health) == 200, deadline)
+        self._wait("etcd /health", lambda: _http_request(etcd_health)[0] == 200, deadline)
         self._spawn("kube-apiserver", self._apiserver_args(etcd_port, ca.cert, serving, sa))
-        if self.controller_manager:
-            kcm_kubeconfig = self.dir / "controller-manager.kubeconfig"
-            write_kubeconfig(kcm_kubeconfig, self.server, ca.cert, kcm, "system:kube-controller-manager")
-            self._spawn("kube-controller-manager", self._controller_manager_args(kcm_kubeconfig, ca.cert, sa))
+        if self.controller_manager and not self.crds:
+            self._spawn_controller_manager(ca.cert, kcm, sa)  # overlaps the API server's start-up
         self._wait("kube-apiserver /readyz", lambda: self._get("/readyz") == 200, deadline)
+        if self.crds:
+            # Before the controller-manager: its garbage collector discovers resource types at start and then only
+            # every 30 s, so children of custom resources installed later are collected up to 30 s late.
+            for crd in self.crds:
+                self.install_crd(crd, deadline - time.monotonic())
+            if self.controller_manager:
+                self._spawn_controller_manager(ca.cert, kcm, sa)
         if self.controller_manager:
             # The ServiceAccount controller creating `default` proves the controller-manager is up and authorized.
             self.wait_for_default_service_account("default", deadline - time.monotonic())
@@ -215,6 +230,29 @@ class ControlPlane:
     def wait_for_default_service_account(self, namespace: str, timeout: float = 30.0) -> None:
         path = f"/api/v1/namespaces/{namespace}/serviceaccounts/default"
         self._wait(f"ServiceAccount {namespace}/default", lambda: self._get(path) == 200, time.monotonic() + timeout)
+
+    def install_crd(self, path: Path, timeout: float = 30.0) -> None:
+        """Creates the CustomResourceDefinition(s) in a YAML file and waits until they are Established."""
+        for crd in (doc for doc in yaml.safe_load_all(path.read_text()) if doc):
+            status, body = self._request("POST", CRD_PATH, crd)
+            if status not in (201, 409):
+                raise ControlPlaneError(f"creating {crd['metadata']['name']} from {path} failed ({status}): {body}")
+            name, deadline = crd["metadata"]["name"], time.monotonic() + timeout
+            self._wait(f"CRD {name} Established", functools.partial(self._crd_established, name), deadline)
+            # ... and in discovery, which is what the garbage collector and kubectl read.
+            plural = crd["spec"]["names"]["plural"]
+            for version in (v["name"] for v in crd["spec"]["versions"] if v.get("served", True)):
+                api = f"/apis/{crd['spec']['group']}/{version}"
+                self._wait(f"{plural} in {api}", functools.partial(self._discovered, api, plural), deadline)
+
+    def _discovered(self, api: str, plural: str) -> bool:
+        status, body = self._request("GET", api)
+        return status == 200 and any(r["name"] == plural for r in json.loads(body).get("resources") or [])
+
+    def _crd_established(self, name: str) -> bool:
+        status, body = self._request("GET", f"{CRD_PATH}/{name}")
+        conditions = (json.loads(body).get("status") or {}).get("conditions") or [] if status == 200 else []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
     # -- processes -------------------------------------------------------------------------------------------------
     def _etcd_args(self, port: int, peer_port: int) -> list[str]:
@@ -269,6 +307,11 @@ class ControlPlane:
             "--v=1",
         ]
 
+    def _spawn_controller_manager(self, ca: Path, client: KeyPair, sa: KeyPair) -> None:
+        kubeconfig = self.dir / "controller-manager.kubeconfig"
+        write_kubeconfig(kubeconfig, self.server, ca, client, "system:kube-controller-manager")
+        self._spawn("kube-controller-manager", self._controller_manager_args(kubeconfig, ca, sa))
+
     def _spawn(self, name: str, args: list[str]) -> None:
         with (self.dir / f"{name}.log").open("ab") as log:
             self._procs[name] = subprocess.Popen(
@@ -297,18 +340,28 @@ class ControlPlane:
     # -- health ----------------------------------------------------------------------------------------------------
     def _get(self, path: str) -> int:
         """HTTP status of GET path as the admin user; 0 when the server is not answering yet."""
+        return self._request("GET", path)[0]
+
+    def _request(self, method: str, path: str, body: object = None) -> tuple[int, str]:
+        """(status, body) of a request as the admin user; status 0 when the server is not answering yet."""
         assert self._admin is not None and self._ca is not None
         context = ssl.create_default_context(cafile=str(self._ca))
         context.load_cert_chain(str(self._admin.cert), str(self._admin.key))
-        return _http_status(self.server + path, context)
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.server + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
+        return _http_request(request, context)
 
     def _wait(self, what: str, ready: Callable[[], bool], deadline: float) -> None:
+        began = time.monotonic()
         while not ready():
             self.check_alive()
             if time.monotonic() > deadline:
                 names = ", ".join(self._procs)
                 raise ControlPlaneError(f"timed out waiting for {what}; logs of {names} in {self.dir}")
             time.sleep(0.1)  # poll interval of a condition wait, not a fixed delay
+        self.waits[what] = time.monotonic() - began
 
 
 # -- CLI ----------------------------------------------------------------------------------------------------------
@@ -316,7 +369,7 @@ def _up(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    plane = ControlPlane(args.bin_dir, args.dir, controller_manager=not args.no_controller_manager)
+    plane = ControlPlane(args.bin_dir, args.dir, controller_manager=not args.no_controller_manager, crds=args.crd)
     try:
         plane.start(timeout=args.timeout)
         print(f"control plane ready in {plane.startup_seconds:.1f}s: {plane.server} (state and logs: {plane.dir})")
@@ -343,6 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--bin-dir", type=Path, default=None, help="binaries (default $KVCAL_CACHE/bin)")
     up.add_argument("--dir", type=Path, default=None, help="state directory (default a fresh temp dir)")
     up.add_argument("--no-controller-manager", action="store_true", help="API server and etcd only")
+    up.add_argument("--crd", type=Path, action="append", default=[], help="CRD YAML to install first (repeatable)")
     up.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness")
     up.set_defaults(func=_up)
     return parser

@@ -54,12 +54,11 @@ def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    if args.kubeconfig:
-        os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads the same file
-    kube = KubeClient(_api_client(args.kubeconfig))
+    api = _api_client(args.kubeconfig)
+    kube = KubeClient(api)
     reconciler = Reconciler(
         kube, clock=lambda: datetime.now(UTC), backends=ClusterBackends(kube), metrics=OperatorMetrics()
     )
     options = OperatorOptions(namespaces=args.namespace, standalone=args.standalone, metrics_port=args.metrics_port)
-    run(reconciler, options)
+    run(reconciler, api, options)
     return 0

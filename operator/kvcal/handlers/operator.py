@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from kubernetes import client
 
 from kvcal.adapters.kube import GROUP, PLURAL, VERSION
 from kvcal.core.manifests.common import KIND, LABEL_MANAGED_BY, MANAGED_BY
@@ -71,9 +72,31 @@ def _owner_of(body: kopf.Body) -> str | None:
     return None
 
 
-def build_registry(reconciler: Reconciler, wakers: Wakers) -> kopf.OperatorRegistry:
+def connection_info(api: client.ApiClient) -> kopf.ConnectionInfo:
+    """kopf's credentials from the kubernetes client's, so kopf and the reconciler talk to one server as one user."""
+    c = api.configuration
+    token = (c.api_key or {}).get("authorization") or (c.api_key or {}).get("BearerToken")
+    if token and token.lower().startswith("bearer "):
+        token = token[7:]
+    return kopf.ConnectionInfo(
+        server=c.host,
+        ca_path=c.ssl_ca_cert,
+        insecure=not c.verify_ssl,
+        certificate_path=c.cert_file,
+        private_key_path=c.key_file,
+        token=token or None,
+    )
+
+
+def build_registry(reconciler: Reconciler, wakers: Wakers, api: client.ApiClient | None) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     managed = {LABEL_MANAGED_BY: MANAGED_BY}
+
+    if api is not None:
+
+        @kopf.on.login(id="kvcal-login", registry=registry)
+        def login(**_: Any) -> kopf.ConnectionInfo:
+            return connection_info(api)
 
     @kopf.daemon(GROUP, VERSION, PLURAL, id="kvcal-reconcile", cancellation_timeout=10.0, registry=registry)
     async def reconcile(name: str, namespace: str | None, stopped: kopf.DaemonStopped, **_: Any) -> None:
@@ -125,16 +148,18 @@ class OperatorOptions:
 
 def run(
     reconciler: Reconciler,
+    api: client.ApiClient | None,
     options: OperatorOptions,
     stop_flag: threading.Event | None = None,
     ready_flag: threading.Event | None = None,
 ) -> None:
     """Run the operator until stop_flag is set (or SIGINT/SIGTERM in the main thread)."""
+    stop_metrics = None
     if options.metrics_port is not None and reconciler.metrics is not None:
-        reconciler.metrics.serve(options.metrics_port)
+        stop_metrics = reconciler.metrics.serve(options.metrics_port)
     wakers = Wakers()
     coro = kopf.operator(
-        registry=build_registry(reconciler, wakers),
+        registry=build_registry(reconciler, wakers, api),
         settings=settings(),
         standalone=options.standalone,
         clusterwide=not options.namespaces,
@@ -142,7 +167,11 @@ def run(
         stop_flag=stop_flag,
         ready_flag=ready_flag,
     )
-    asyncio.run(coro)
+    try:
+        asyncio.run(coro)
+    finally:
+        if stop_metrics is not None:
+            stop_metrics()
 
 
 ReconcilerFactory = Callable[[], Reconciler]

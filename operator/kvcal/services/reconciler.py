@@ -14,7 +14,7 @@ from datetime import datetime
 from pydantic import ValidationError
 
 from kvcal.core.analysis import error_measurement, timestamp
-from kvcal.core.decide import decide, measurement_due
+from kvcal.core.decide import OBSERVES, decide, measurement_due
 from kvcal.core.manifests import Owner, calibration_job_name, canary_name, verification_job_name
 from kvcal.core.manifests.common import LABEL_CALIBRATION, LABEL_MANAGED_BY, MANAGED_BY, label_value
 from kvcal.core.observations import (
@@ -180,23 +180,28 @@ class Reconciler:
         base = Observations(owner=owner, generation=int(meta.get("generation", 1)), gates=gates, spec_error=spec_error)
         if spec is None:
             return base
-        ns = owner.namespace
-        h = spec_hash(spec)
+        ns, h, needs = owner.namespace, spec_hash(spec), OBSERVES[status.phase]
         read_messages = status.phase not in TERMINAL_PHASES
 
         def message(job: str) -> str | None:
             return self.kube.termination_message(ns, job) if read_messages else None
 
-        baseline = self.kube.get("Deployment", ns, spec.serving.baseline.deployment)
+        def job(field: str, name: str) -> JobState | None:
+            return job_state(self.kube.get("Job", ns, name), message) if field in needs else None
+
+        def deployment(field: str, name: str) -> DeploymentState | None:
+            return deployment_state(self.kube.get("Deployment", ns, name)) if field in needs else None
+
+        baseline = spec.serving.baseline
         obs = Observations(
             owner=owner,
             generation=base.generation,
             gates=gates,
-            calibration_job=job_state(self.kube.get("Job", ns, calibration_job_name(owner.name, h)), message),
-            verification_job=job_state(self.kube.get("Job", ns, verification_job_name(owner.name, h)), message),
-            canary=deployment_state(self.kube.get("Deployment", ns, canary_name(owner.name))),
-            baseline=deployment_state(baseline),
-            baseline_service=self.kube.get("Service", ns, spec.serving.baseline.service),
+            calibration_job=job("calibration_job", calibration_job_name(owner.name, h)),
+            verification_job=job("verification_job", verification_job_name(owner.name, h)),
+            canary=deployment("canary", canary_name(owner.name)),
+            baseline=deployment("baseline", baseline.deployment),
+            baseline_service=self.kube.get("Service", ns, baseline.service) if "baseline_service" in needs else None,
         )
         if measurement_due(spec.analysis, status, now):
             target = self._target(owner, spec, obs)

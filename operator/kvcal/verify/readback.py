@@ -12,10 +12,19 @@ def _values(tensor: Any) -> list[float]:
         return [float(tensor)]
 
 
+def _backend(module: Any) -> tuple[str, bool | None]:
+    backend = getattr(module, "attn_backend", None)
+    if backend is None:
+        return "", None
+    name = backend.get_name() if hasattr(backend, "get_name") else getattr(backend, "__name__", str(backend))
+    per_head = getattr(backend, "supports_per_head_quant_scales", None)
+    return str(name), bool(per_head()) if callable(per_head) else None
+
+
 def read_kv_scales(model: Any) -> list[list[Any]]:
     """Per attention module: [name, k_scale_float, v_scale_float, kv_cache_dtype, quant method class, k values,
-    v values]. The floats are what the CPU and most CUDA kernels use; the tensors keep per-head values when the
-    backend supports them."""
+    v values, attention backend, backend applies per-head scales]. vLLM keeps per-head values in the `_k_scale`
+    buffer but sets `_k_scale_float` to their max; backends without per-head support (CPU) use only the float."""
     rows: list[list[Any]] = []
     for name, module in model.named_modules():
         if not hasattr(module, "_k_scale_float"):
@@ -29,6 +38,7 @@ def read_kv_scales(model: Any) -> list[list[Any]]:
                 type(getattr(module, "quant_method", None)).__name__,
                 _values(getattr(module, "_k_scale", module._k_scale_float)),
                 _values(getattr(module, "_v_scale", module._v_scale_float)),
+                *_backend(module),
             ]
         )
     return rows

@@ -30,6 +30,8 @@ class LoadedScale:
     method: str
     k_values: tuple[float, ...] = ()  # the scale tensor, when the backend keeps per-head values
     v_values: tuple[float, ...] = ()
+    backend: str = ""  # attention backend name, e.g. CPU_ATTN, FLASH_ATTN
+    backend_per_head: bool | None = None  # does that backend apply per-head scales (None: unknown)
 
     @property
     def layer(self) -> int | None:
@@ -38,10 +40,13 @@ class LoadedScale:
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> "LoadedScale":
-        """A row of `kvcal.verify.readback.read_kv_scales` (5 fields in older captures, 7 now)."""
+        """A row of `kvcal.verify.readback.read_kv_scales` (5 fields in older captures, 9 now)."""
         k_values = tuple(float(x) for x in row[5]) if len(row) > 5 else ()
         v_values = tuple(float(x) for x in row[6]) if len(row) > 6 else ()
-        return cls(str(row[0]), float(row[1]), float(row[2]), str(row[3]), str(row[4]), k_values, v_values)
+        backend = str(row[7]) if len(row) > 7 else ""
+        per_head = bool(row[8]) if len(row) > 8 and row[8] is not None else None
+        return cls(str(row[0]), float(row[1]), float(row[2]), str(row[3]), str(row[4]), k_values, v_values, backend,
+                   per_head)  # fmt: skip
 
 
 @dataclass
@@ -62,19 +67,29 @@ def _compare_one(layer: int, kind: str, expected: tuple[float, ...], row: Loaded
     got_values = row.k_values if kind == "k" else row.v_values
     tensor = f"{row.module}._{kind}_scale"
     if not expected:  # the checkpoint has none (static verify says so): vLLM must be at its default
-        return (
-            None if got == 1.0 else Problem("mismatch", f"{got} loaded but the checkpoint has no scale", layer, tensor)
+        if got == 1.0:
+            return None
+        return Problem(
+            "mismatch",
+            f"vLLM uses {got:.6g} but the checkpoint has no scale here (vLLM copies k_scale into v_scale, or back, "
+            "when only one is present)",
+            layer,
+            tensor,
         )
     per_head = len(expected) > 1 and len(set(expected)) > 1
-    if per_head and len(got_values) == len(expected):
-        if all(_close(g, e) for g, e in zip(got_values, expected, strict=True)):
-            return None
+    if (
+        per_head
+        and row.backend_per_head  # else the backend uses only the float: the max over heads
+        and len(got_values) == len(expected)
+        and all(_close(g, e) for g, e in zip(got_values, expected, strict=True))
+    ):
+        return None
     if per_head and _close(got, max(expected)):
         return Problem(
             "collapsed",
             f"per-head scales {[round(e, 6) for e in expected]} collapsed to one per-tensor scale {got:.6g} (the max "
-            "over heads): this attention backend does not apply per-head scales (calibrate with strategy tensor, or "
-            "serve on a backend that supports per-head, such as FLASH_ATTN on CUDA)",
+            f"over heads): attention backend {row.backend or '(unknown)'} does not apply per-head scales (calibrate "
+            "with strategy tensor, or serve on a backend that supports per-head, such as FLASH_ATTN on CUDA)",
             layer,
             tensor,
         )

@@ -51,7 +51,9 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
         layers = int(text["num_hidden_layers"])
         kv_heads = int(text.get("num_key_value_heads") or text["num_attention_heads"])
     except KeyError as err:
-        raise ValueError(f"config.json: {err.args[0]} is missing: cannot tell how many attention layers to expect")
+        raise ValueError(
+            f"config.json: {err.args[0]} is missing: cannot tell how many attention layers to expect"
+        ) from None
     return ModelShape(layers, kv_heads)
 
 
@@ -132,9 +134,10 @@ def check_values(tensor: Tensor, layer: int, strategy: str | None, kv_heads: int
 
 
 def calibration_maxima(report: Mapping[str, Any]) -> dict[tuple[int, str], tuple[float, ...]]:
-    """Per (layer, 'k'|'v'): the largest |K| or |V| the calibration observed, per head or one value.
+    """Per (layer, 'k'|'v'): the largest |K| or |V| the calibration observed, per KV head or one value.
 
-    Read defensively: the report's `layers` is a list of objects with a layer index and k/v absmax fields."""
+    kvcal.calibrator.report (version 1): `layers: [{layer, k: [{head, scale, calibration: {absmax, ...}}], v: ...}]`.
+    Read defensively (a flat `kAbsMax`/`vAbsMax` per layer works too): a report we cannot read checks nothing."""
     out: dict[tuple[int, str], tuple[float, ...]] = {}
     layers = report.get("layers")
     if not isinstance(layers, list):
@@ -146,12 +149,22 @@ def calibration_maxima(report: Mapping[str, Any]) -> dict[tuple[int, str], tuple
         if not isinstance(index, int):
             continue
         for kind in ("k", "v"):
-            value = _first(entry, (f"{kind}AbsMax", f"{kind}_absmax", f"{kind}Absmax", f"{kind}_abs_max", f"{kind}Max"))
+            heads = entry.get(kind)
+            if isinstance(heads, list):
+                maxima = [_head_absmax(h) for h in heads]
+                if maxima and all(m is not None for m in maxima):
+                    out[(index, kind)] = tuple(float(m) for m in maxima if m is not None)
+                continue
+            value = _first(entry, (f"{kind}AbsMax", f"{kind}_absmax", f"{kind}Absmax", f"{kind}_abs_max"))
             if isinstance(value, int | float):
                 out[(index, kind)] = (float(value),)
-            elif isinstance(value, list) and value and all(isinstance(x, int | float) for x in value):
-                out[(index, kind)] = tuple(float(x) for x in value)
     return out
+
+
+def _head_absmax(head: Any) -> float | None:
+    calibration = head.get("calibration") if isinstance(head, Mapping) else None
+    value = calibration.get("absmax") if isinstance(calibration, Mapping) else None
+    return float(value) if isinstance(value, int | float) else None
 
 
 def _first(entry: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
@@ -211,7 +224,7 @@ def check(
             want = names.canonical_name(prefix, layer, kind_)
             entries = found.get((layer, kind_), [])
             for scale_name, tensor in entries:
-                if scale_name.fate != "canonical":
+                if scale_name.fate != "canonical" and (kind_ == scale_name.kinds[0]):  # once per tensor
                     result.problems.append(
                         Problem(
                             "legacy-name",

@@ -1,0 +1,181 @@
+"""Held-out evaluation: per layer x KV head numerics of four scale sets, and end-to-end NLL / KL / top-1 agreement of
+BF16, FP8 with scale 1.0 and FP8 with the calibrated scales — K/V replaced by what an FP8 cache returns."""
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from kvcal.calibrator.data import Sample
+from kvcal.calibrator.quant import ErrorStats, Rounding, as_saved, scale_for_absmax
+from kvcal.calibrator.taps import KINDS, Tap, TensorStats, attach, detach
+
+log = logging.getLogger(__name__)
+
+ScaleSet = dict[str, list[torch.Tensor]]  # kind -> per-layer float32 scales, shape (1,) or (heads, 1, 1)
+VARIANTS = ("bf16", "fp8-default", "fp8-calibrated")
+KEEP_BUDGET_BYTES = 1 << 30  # holdout K/V kept for the oracle's numerics up to this size, else one more BF16 pass
+_LOGIT_CHUNK = 256
+
+
+def per_head_scales(observed: dict[tuple[int, str], TensorStats], layers: int) -> ScaleSet:
+    """Static min-max per KV head, rounded as saved (bf16)."""
+    return {
+        kind: [as_saved(scale_for_absmax(observed[(i, kind)].absmax)).view(-1, 1, 1) for i in range(layers)]
+        for kind in KINDS
+    }
+
+
+def per_tensor_scales(observed: dict[tuple[int, str], TensorStats], layers: int) -> ScaleSet:
+    return {
+        kind: [as_saved(scale_for_absmax(observed[(i, kind)].absmax.max())).view(1) for i in range(layers)]
+        for kind in KINDS
+    }
+
+
+def unit_scales(layers: int) -> ScaleSet:
+    return {kind: [torch.ones(1) for _ in range(layers)] for kind in KINDS}
+
+
+class Switch:
+    """One hook per layer for the whole evaluation; which Tap it feeds is switched per pass."""
+
+    def __init__(self) -> None:
+        self.tap: Tap | None = None
+
+    def __call__(self, layer: int, kind: str, x: torch.Tensor) -> torch.Tensor | None:
+        return self.tap(layer, kind, x) if self.tap is not None else None
+
+    @contextmanager
+    def using(self, tap: Tap | None) -> Iterator[None]:
+        self.tap = tap
+        try:
+            yield
+        finally:
+            self.tap = None
+
+
+@dataclass
+class VariantMetrics:
+    nll_sum: float = 0.0
+    kl_sum: float = 0.0
+    agree: int = 0
+    tokens: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        n = max(self.tokens, 1)
+        return {"nll": self.nll_sum / n, "kl": self.kl_sum / n, "top1": self.agree / n}
+
+
+@dataclass
+class HoldoutResult:
+    observed: dict[tuple[int, str], TensorStats]
+    errors: dict[tuple[str, int, str], ErrorStats]
+    oracle: ScaleSet
+    metrics: dict[str, VariantMetrics] = field(default_factory=dict)
+    tokens: int = 0
+
+
+def _hidden(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    out = model.get_decoder()(input_ids=ids, use_cache=False)  # type: ignore[operator]
+    hidden: torch.Tensor = out.last_hidden_state[0]
+    return hidden
+
+
+def _score_tokens(
+    lm_head: nn.Module, hiddens: dict[str, torch.Tensor], targets: torch.Tensor, metrics: dict[str, VariantMetrics]
+) -> None:
+    """NLL of the next token, KL(BF16 || variant) and top-1 agreement with BF16, a chunk of positions at a time."""
+    n = targets.numel()
+    for start in range(0, n, _LOGIT_CHUNK):
+        sl = slice(start, min(start + _LOGIT_CHUNK, n))
+        t = targets[sl]
+        ref = torch.log_softmax(lm_head(hiddens["bf16"][sl]).float(), dim=-1)
+        ref_top = ref.argmax(dim=-1)
+        for name, h in hiddens.items():
+            lp = ref if name == "bf16" else torch.log_softmax(lm_head(h[sl]).float(), dim=-1)
+            m = metrics[name]
+            m.nll_sum -= float(lp.gather(1, t.unsqueeze(1)).sum())
+            m.kl_sum += float((ref.exp() * (ref - lp)).sum())
+            m.agree += int((lp.argmax(dim=-1) == ref_top).sum())
+            m.tokens += t.numel()
+
+
+def evaluate_holdout(
+    model: nn.Module,
+    samples: Sequence[Sample],
+    calibrated: ScaleSet,
+    per_tensor: ScaleSet,
+    per_head: ScaleSet,
+    heads: int,
+    rounding: Rounding = "nearest",
+) -> HoldoutResult:
+    """Three passes per held-out sample (BF16 with statistics, FP8 at scale 1.0, FP8 calibrated)."""
+    from llmcompressor.utils.helpers import DisableQuantization
+
+    layers = len(calibrated["k"])
+    head_dim = int(getattr(model.config, "head_dim", 0) or 128)
+    kv_bytes = sum(len(s.input_ids) for s in samples) * layers * 2 * heads * head_dim * 2
+    keep = kv_bytes <= KEEP_BUDGET_BYTES
+    stats_tap = Tap(
+        heads,
+        score={"default": unit_scales(layers), "tensor": per_tensor, "head": per_head},
+        rounding=rounding,
+        keep=keep,
+    )
+    fp8_taps = {
+        "fp8-default": Tap(heads, stats=False, replace=unit_scales(layers), rounding=rounding),
+        "fp8-calibrated": Tap(heads, stats=False, replace=calibrated, rounding=rounding),
+    }
+    metrics = {v: VariantMetrics() for v in VARIANTS}
+    switch = Switch()
+    lm_head = model.get_output_embeddings()  # type: ignore[operator]
+    assert isinstance(lm_head, nn.Module)
+    handles = attach(model, switch)
+    tokens = 0
+    try:
+        with torch.no_grad(), DisableQuantization(model):  # our taps quantize; compressed-tensors must not
+            for s in tqdm(samples, desc="holdout (BF16 / FP8 1.0 / FP8 calibrated)", unit="sample"):
+                ids = torch.tensor([s.input_ids])
+                hiddens: dict[str, torch.Tensor] = {}
+                with switch.using(stats_tap):
+                    hiddens["bf16"] = _hidden(model, ids)
+                for name, tap in fp8_taps.items():
+                    with switch.using(tap):
+                        hiddens[name] = _hidden(model, ids)
+                _score_tokens(lm_head, {k: h[:-1] for k, h in hiddens.items()}, ids[0, 1:], metrics)
+                tokens += ids.numel()
+            oracle = per_head_scales(stats_tap.observed, layers)
+            errors = dict(stats_tap.errors)
+            errors.update(_oracle_errors(model, samples, stats_tap, oracle, switch, heads, rounding))
+    finally:
+        detach(handles)
+    return HoldoutResult(stats_tap.observed, errors, oracle, metrics, tokens)
+
+
+def _oracle_errors(
+    model: nn.Module,
+    samples: Sequence[Sample],
+    stats_tap: Tap,
+    oracle: ScaleSet,
+    switch: Switch,
+    heads: int,
+    rounding: Rounding,
+) -> dict[tuple[str, int, str], ErrorStats]:
+    """Numerics of the oracle (the holdout's own max): from the kept K/V, or one more BF16 pass when too big."""
+    scorer = Tap(heads, stats=False, score={"oracle": oracle}, rounding=rounding)
+    if stats_tap.keep:
+        for (layer, kind), xs in stats_tap.kept.items():
+            for x in xs:
+                scorer(layer, kind, x)
+        stats_tap.kept.clear()
+    else:
+        log.info("holdout K/V too large to keep: one more BF16 pass for the oracle's numerics")
+        with switch.using(scorer):
+            for s in tqdm(samples, desc="holdout (oracle numerics)", unit="sample"):
+                _hidden(model, torch.tensor([s.input_ids]))
+    return scorer.errors

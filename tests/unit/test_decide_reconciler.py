@@ -1,0 +1,139 @@
+"""Reconciler.reconcile against an in-memory Kube fake: one status write per pass, a 409 re-reads, events and
+annotation clean-up come after the write, unchanged status is never written."""
+
+import copy
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from kvcal.core.manifests import calibration_job_name
+from kvcal.core.spechash import spec_hash
+from kvcal.metrics import OperatorMetrics
+from kvcal.ports import Conflict, Kind, Manifest
+from kvcal.services.reconciler import Reconciler
+from tests.unit.test_decide_support import NOW, SPEC, spec
+
+
+class FakeKube:
+    def __init__(self, objects: list[Manifest]) -> None:
+        self.objects = {(o["kind"], o["metadata"]["name"]): copy.deepcopy(o) for o in objects}
+        self.calls: list[str] = []
+        self.conflicts = 0  # how many replace_status calls still answer 409
+
+    def get(self, kind: Kind, namespace: str, name: str) -> Manifest | None:
+        self.calls.append(f"get {kind}/{name}")
+        found = self.objects.get((kind, name))
+        return copy.deepcopy(found) if found else None
+
+    def list(self, kind: Kind, namespace: str, labels: Mapping[str, str]) -> list[Manifest]:
+        return [o for (k, _), o in self.objects.items() if k == kind]
+
+    def create(self, manifest: Manifest) -> bool:
+        key = (manifest["kind"], manifest["metadata"]["name"])
+        self.calls.append(f"create {key[0]}/{key[1]}")
+        if key in self.objects:
+            return False
+        self.objects[key] = copy.deepcopy(manifest)
+        return True
+
+    def apply(self, manifest: Manifest) -> None:
+        self.calls.append(f"apply {manifest['kind']}/{manifest['metadata']['name']}")
+
+    def patch(self, kind: Kind, namespace: str, name: str, patch: Manifest) -> None:
+        self.calls.append(f"patch {kind}/{name}")
+
+    def delete(self, kind: Kind, namespace: str, name: str) -> bool:
+        self.calls.append(f"delete {kind}/{name}")
+        return self.objects.pop((kind, name), None) is not None
+
+    def termination_message(self, namespace: str, job_name: str) -> str | None:
+        return None
+
+    def replace_status(self, namespace: str, name: str, resource_version: str, status: Manifest) -> None:
+        self.calls.append("replace_status")
+        if self.conflicts:
+            self.conflicts -= 1
+            self.objects[("KVCalibration", name)]["metadata"]["resourceVersion"] += "x"
+            raise Conflict("stale")
+        obj = self.objects[("KVCalibration", name)]
+        assert obj["metadata"]["resourceVersion"] == resource_version
+        obj["status"] = status
+
+    def remove_annotations(self, namespace: str, name: str, keys: Sequence[str]) -> None:
+        self.calls.append(f"remove_annotations {','.join(keys)}")
+
+    def emit_event(self, involved: Manifest, type_: str, reason: str, message: str) -> None:
+        self.calls.append(f"event {reason}")
+
+
+def kvcal(**meta: Any) -> Manifest:
+    return {
+        "apiVersion": "kvcal.dev/v1alpha1",
+        "kind": "KVCalibration",
+        "metadata": {
+            "name": "smollm2",
+            "namespace": "llm",
+            "uid": "u1",
+            "generation": 1,
+            "resourceVersion": "1",
+            **meta,
+        },
+        "spec": SPEC,
+    }
+
+
+def reconciler(kube: FakeKube) -> Reconciler:
+    return Reconciler(kube, clock=lambda: NOW, metrics=OperatorMetrics())
+
+
+JOB = calibration_job_name("smollm2", spec_hash(spec()))
+
+
+def test_first_pass_creates_then_writes_status_once_then_emits() -> None:
+    kube = FakeKube([kvcal()])
+    assert reconciler(kube).reconcile("llm", "smollm2") == 0.0
+    writes = [c for c in kube.calls if c.startswith(("create", "replace_status", "event"))]
+    assert writes == [f"create ConfigMap/{JOB}", f"create Job/{JOB}", "replace_status", "event CalibrationStarted"]
+    assert kube.objects[("KVCalibration", "smollm2")]["status"]["phase"] == "Calibrating"
+
+
+def test_unchanged_status_is_not_written() -> None:
+    kube = FakeKube([kvcal()])
+    r = reconciler(kube)
+    r.reconcile("llm", "smollm2")
+    kube.calls.clear()
+    assert r.reconcile("llm", "smollm2") == 60.0
+    assert "replace_status" not in kube.calls and not any(c.startswith("event") for c in kube.calls)
+    assert kube.calls == ["get KVCalibration/smollm2", f"get Job/{JOB}"]  # Calibrating reads only its Job
+
+
+def test_conflict_rereads_and_retries() -> None:
+    kube = FakeKube([kvcal()])
+    kube.conflicts = 1
+    reconciler(kube).reconcile("llm", "smollm2")
+    assert kube.calls.count("replace_status") == 2
+    assert kube.calls.count(f"create Job/{JOB}") == 1  # the second pass adopts the Job the first one made
+    assert [c for c in kube.calls if c.startswith("event")] == ["event CalibrationStarted"]
+
+
+def test_gate_annotation_cleared_after_the_status_write() -> None:
+    kube = FakeKube([kvcal(annotations={"kvcal.dev/abort": "2026-01-02T03:04:05Z"})])
+    r = reconciler(kube)
+    r.reconcile("llm", "smollm2")
+    tail = kube.calls[kube.calls.index("replace_status") :]
+    assert tail[-1] == "remove_annotations kvcal.dev/abort"
+
+
+def test_invalid_spec_reports_the_field() -> None:
+    bad = kvcal()
+    bad["spec"] = {**SPEC, "calibration": {**SPEC["calibration"], "samples": "many"}}
+    kube = FakeKube([bad])
+    reconciler(kube).reconcile("llm", "smollm2")
+    status = kube.objects[("KVCalibration", "smollm2")]["status"]
+    assert status["phase"] == "InvalidSpec" and "spec.calibration.samples" in status["message"]
+
+
+def test_deleted_object_is_left_alone() -> None:
+    kube = FakeKube([kvcal(deletionTimestamp=datetime(2026, 1, 1).isoformat())])
+    assert reconciler(kube).reconcile("llm", "smollm2") is None
+    assert kube.calls == ["get KVCalibration/smollm2"]
