@@ -142,7 +142,7 @@ def main() -> int:
 def _client(kubeconfig: Path) -> Any:
     from kubernetes import config
 
-    return config.new_client_from_config(config_file=str(kubeconfig))
+    return config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
 
 
 if __name__ == "__main__":

@@ -78,6 +78,20 @@ def test_holdout_clip_rate_calibrated_below_default_wherever_default_clips(
     assert s["top1AgreementCalibrated"] > s["top1AgreementDefault"]
 
 
+def test_per_head_scales_saved_with_one_scale_per_kv_head(amplified_calibration: Path) -> None:
+    import torch
+
+    report = json.loads((amplified_calibration / "kvcal-report.json").read_text())
+    saved = tensors(amplified_calibration)
+    for kind in ("k", "v"):
+        for i, row in enumerate(report["scales"][kind]):
+            t = saved[f"model.layers.{i}.self_attn.{kind}_scale"]
+            assert isinstance(t, torch.Tensor) and t.shape == (3, 1, 1)
+            assert t.float().flatten().tolist() == row
+    cfg = json.loads((amplified_calibration / "config.json").read_text())
+    assert cfg["quantization_config"]["kv_cache_scheme"]["strategy"] == "attn_head"
+
+
 def test_weights_bit_identical_to_the_bf16_input(demo_checkpoint: Path, demo_model_dir: Path) -> None:
     import torch
 

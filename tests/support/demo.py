@@ -102,7 +102,8 @@ def amplify(model_dir: Path, out: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def amplified_calibration(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real (tiny) calibration of the amplified demo model: scale 1.0 clips there, so clip rates can be compared."""
+    """A real (tiny) per-head calibration of the amplified demo model: scale 1.0 clips there, so clip rates can be
+    compared; it also covers strategy=head."""
     from kvcal.calibrator.config import CalibrationConfig
     from kvcal.calibrator.run import calibrate
     from kvcal.demo import CALIBRATION_SET, HOLDOUT_SET

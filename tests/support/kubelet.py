@@ -15,7 +15,7 @@ Paths. Every volumeMount's mountPath maps to a local directory, explicitly:
 - persistentVolumeClaim -> `pvc_dirs[claimName]` (a claim without an entry fails the Pod, naming the claim);
 - configMap volume -> its keys materialised from the API into a fresh directory; in `*.json` files every string
   that starts with a mountPath is rewritten the same way (the calibrator's config carries in-container paths);
-- emptyDir -> a fresh directory.
+- emptyDir, projected, secret -> a fresh directory (left empty: our Jobs need no token or secret).
 The longest matching mountPath wins. The same rewrite applies to the command, args and env values; the
 terminationMessagePath maps to a fresh file. `python`/`python3` run this interpreter and `kvcal` the script beside
 it (the local equivalent of the image's entrypoints).
@@ -220,7 +220,7 @@ class FakeKubelet:
                 if claim not in self.pvc_dirs:
                     raise RuntimeError(f"fake kubelet: no local directory for PersistentVolumeClaim {claim!r}")
                 dirs[name] = self.pvc_dirs[claim]
-            elif "configMap" in volume or "emptyDir" in volume:
+            elif any(k in volume for k in ("configMap", "emptyDir", "projected", "secret")):
                 dirs[name] = root / "volumes" / name
                 dirs[name].mkdir(parents=True)
             else:

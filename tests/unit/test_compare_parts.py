@@ -122,3 +122,30 @@ def test_table_lists_configs_and_skips() -> None:
     assert text.splitlines()[-1] == "fp8-calibrated-head: skipped: CPU backend collapses per-head"
     md = report.markdown(rows, "t", ["ctx"])
     assert "| KV cache capacity (tokens) | 93,184 | 186,368 | - |" in md
+
+
+def test_summarize_scores_against_the_baseline() -> None:
+    from kvcal.compare.client import Generation
+    from kvcal.probes import Probe
+
+    probes = [
+        Probe(id="qa", kind="qa", prompt="Capital of France?", expected="Paris"),
+        Probe(id="n1", kind="needle", prompt="...", expected="4721", context_tokens=512),
+        Probe(id="n2", kind="needle", prompt="...", expected="4721", context_tokens=8000),
+    ]
+
+    def reply(text: str) -> Generation:
+        return Generation(text, 10, 0.1, 0.5, (0.02, 0.04))
+
+    base = run.Observed(run.Variant("bf16", Path("m"), "auto"), [PromptScores((-1.0, -2.0), (1, 2))])
+    base.replies = {"qa": reply("Paris."), "n1": reply("The code is 4721"), "n2": reply("no idea")}
+    fp8 = run.Observed(run.Variant("fp8", Path("m"), "fp8"), [PromptScores((-1.5, -2.0), (1, 3))])
+    fp8.replies = {"qa": reply("Lyon."), "n1": reply("The code is 4721")}
+    fp8.errors = {"n2": "HTTP 400: prompt too long"}  # an error is not a miss: left out of the needle score
+    row = run.summarize(fp8, base, probes)
+    assert row["top1Agreement"] == 0.5 and row["logprobDeltaMeanAbs"] == 0.25
+    assert row["exactMatch"] == 0.0 and row["sameAsBf16"] == 0.3333
+    assert row["needle"] == {"512": 1.0}
+    assert row["latency"]["requests"] == 1 and row["latency"]["itlP50"] == 0.03
+    assert row["replies"]["qa"] == "Lyon."
+    assert run._max_tokens(probes[1]) == 32 and run._max_tokens(probes[0]) == probes[0].max_tokens

@@ -374,6 +374,14 @@ CASES = [
         ["Retry"],
     ),
     Case(
+        "kvcal retry after an abort during calibration recalibrates",
+        status(P.ROLLED_BACK),
+        {"gates": {RETRY_ANNOTATION: "1"}},
+        P.PENDING,
+        [f"Clear {RETRY_ANNOTATION}", f"Delete Job/{CALIB}", f"Delete ConfigMap/{CALIB}"],
+        ["Retry"],
+    ),
+    Case(
         "kvcal retry after a failed calibration recalibrates",
         status(P.FAILED),
         {"gates": {RETRY_ANNOTATION: "1"}},

@@ -80,13 +80,17 @@ _SUITE = "name: tiny\nprobes:\n- {id: a, kind: arithmetic, prompt: '2+2?', expec
         ("arithmetic", "42", None, "The answer is 42.", True),
         ("arithmetic", "1000", None, "1,000", True),
         ("arithmetic", "42", None, "It is 41 or 42", False),
+        ("arithmetic", "42", None, "6 times 7 = 42", True),  # numbers of the prompt are not the answer
+        ("arithmetic", "42", None, "6 times 7 is 43", False),
+        ("arithmetic", "42", None, "6", False),
         ("code", "ABC", None, "ABC", True),
         ("qa", "Paris", "exact", "Paris!\nmore", True),
         ("qa", "Paris", "exact", "It is Paris", False),
     ],
 )
 def test_score(kind: str, expected: str, match: str | None, text: str, ok: bool) -> None:
-    probe = Probe.model_validate({"id": "p", "kind": kind, "prompt": "q", "expected": expected, "match": match})
+    prompt = "What is 6 times 7?" if kind == "arithmetic" else "q"
+    probe = Probe.model_validate({"id": "p", "kind": kind, "prompt": prompt, "expected": expected, "match": match})
     assert score(probe, text) is ok
 
 

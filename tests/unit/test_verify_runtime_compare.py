@@ -98,3 +98,4 @@ def test_termination_summary_fits_4096_bytes() -> None:
     assert doc["ok"] is False and doc["layers"] == 100 and doc["mismatches"] == 100
     assert doc["problems"][0] == problems[0]
     assert doc["problems"][-1].endswith("more problems")
+    assert doc["notes"] == ["note"]

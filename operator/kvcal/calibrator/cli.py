@@ -15,9 +15,9 @@ from kvcal.calibrator.config import DEFAULT_TERMINATION_LOG, CalibrationConfig
 log = logging.getLogger("kvcal.calibrator")
 
 # The demo is sized to finish in a few minutes on 2 CPU cores (one long document among short chats).
-DEMO_SAMPLES = 16
-DEMO_MAX_SEQ_LENGTH = 1024
-DEMO_HOLDOUT_SAMPLES = 8
+DEMO_SAMPLES = 10
+DEMO_MAX_SEQ_LENGTH = 512
+DEMO_HOLDOUT_SAMPLES = 5
 
 
 def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:

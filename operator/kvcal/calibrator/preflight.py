@@ -45,11 +45,12 @@ def inspect_model(model_dir: Path) -> ModelInfo:
             f"model {model_dir}: unsupported architecture {archs or 'unknown'}; the calibrator handles decoder-only "
             "*ForCausalLM checkpoints with attention K/V (e.g. Llama, Qwen, Mistral)"
         )
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    # light import (no modeling code), so a wrong model fails fast
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES  # type: ignore[attr-defined]
 
-    if cfg.get("model_type") not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    if cfg.get("model_type") not in CONFIG_MAPPING_NAMES:
         raise InputError(
-            f"model {model_dir}: model_type {cfg.get('model_type')!r} is not a causal LM this transformers knows; "
+            f"model {model_dir}: model_type {cfg.get('model_type')!r} is unknown to this transformers; "
             "upgrade transformers or use a supported architecture"
         )
     weights = [f for f in model_dir.iterdir() if f.suffix in WEIGHT_SUFFIXES and f.is_file()]

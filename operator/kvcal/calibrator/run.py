@@ -61,11 +61,18 @@ def sha256_files(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
-def plan_data(config: CalibrationConfig, tokenizer: D.Tokenizer) -> DataPlan:
+Parsed = tuple[list[D.Record], list[D.Record] | None]  # calibration records, separate holdout records
+
+
+def read_data(config: CalibrationConfig) -> Parsed:
+    return D.read_records(config.data), D.read_records(config.holdout_data) if config.holdout_data else None
+
+
+def plan_data(config: CalibrationConfig, tokenizer: D.Tokenizer, parsed: Parsed | None = None) -> DataPlan:
     """Parse, tokenize, split, sample and truncate — everything about data that can fail, before the model loads."""
-    records = D.read_records(config.data)
-    if config.holdout_data is not None:
-        pool, held = records, D.read_records(config.holdout_data)
+    records, held_out = parsed or read_data(config)
+    if held_out is not None:
+        pool, held = records, held_out
     else:
         cal_ix, hold_ix = D.split_indices(len(records), config.holdout_fraction, config.seed)
         if not hold_ix:
@@ -112,13 +119,14 @@ def preflight(config: CalibrationConfig) -> tuple[ModelInfo, Any, DataPlan]:
     info = inspect_model(config.model_dir)
     check_lengths(config, info)
     check_output(config, info)
+    parsed = read_data(config)  # malformed lines fail here, before the (slow) tokenizer import
     from transformers import AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
     except Exception as e:  # transformers raises many types for a broken tokenizer
         raise InputError(f"model {config.model_dir}: tokenizer does not load ({e}); save it with the checkpoint") from e
-    return info, tokenizer, plan_data(config, tokenizer)
+    return info, tokenizer, plan_data(config, tokenizer, parsed)
 
 
 def save_checkpoint(model: torch.nn.Module, config: CalibrationConfig) -> None:
@@ -215,8 +223,9 @@ def calibrate(config: CalibrationConfig) -> R.Report:
     with timer.step("preflight"):
         info, tokenizer, plan = preflight(config)
     _prepare_output(config)
-    from transformers import AutoModelForCausalLM
-
+    with timer.step("import torch/transformers/llm-compressor"):
+        import llmcompressor  # noqa: F401
+        from transformers import AutoModelForCausalLM
     with timer.step("load model"):
         model = AutoModelForCausalLM.from_pretrained(config.model_dir, dtype=torch.bfloat16)
         model.eval()  # type: ignore[no-untyped-call]

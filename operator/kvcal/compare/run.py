@@ -106,7 +106,7 @@ def observe(
                 out.scores.append(_score_item(client, item))
             for probe in probe_set:
                 try:
-                    reply = client.chat([{"role": "user", "content": probe.prompt}], probe.max_tokens)
+                    reply = client.chat([{"role": "user", "content": probe.prompt}], _max_tokens(probe))
                     out.replies[probe.id] = reply
                 except RuntimeError as err:  # e.g. a haystack longer than the context: recorded, not fatal
                     out.errors[probe.id] = str(err)[:300]
@@ -116,6 +116,11 @@ def observe(
     out.kv_cache_tokens = logparse.kv_cache_tokens(text)
     out.engine_kv_dtype = logparse.engine_kv_cache_dtype(text)
     return out
+
+
+def _max_tokens(probe: Probe) -> int:
+    """Small models restate a needle question before the answer ('The secret code ... is 4721'): 12 tokens cut it."""
+    return max(probe.max_tokens, 32) if probe.kind == "needle" else probe.max_tokens
 
 
 def _score_item(client: OpenAIClient, item: HoldoutItem) -> PromptScores:
@@ -171,6 +176,7 @@ def summarize(observed: Observed, baseline: Observed | None, probe_set: list[Pro
         "e2eP95": _round(percentile([r.e2e for r in replies], 95)),
     }
     row["errors"] = observed.errors
+    row["replies"] = {p.id: _text(observed, p) for p in probe_set}  # to see why a probe or needle missed
     return row
 
 

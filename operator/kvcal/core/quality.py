@@ -53,6 +53,10 @@ class Agreement:
         return self.abs_logprob_delta_sum / self.logprob_pairs if self.logprob_pairs else math.nan
 
 
+def _numbers(text: str) -> list[float]:
+    return [float(n) for n in _NUMBER.findall(text.replace(",", ""))]
+
+
 def _normalize(text: str) -> str:
     return " ".join(_WORDS.sub(" ", text.lower()).split())
 
@@ -61,9 +65,12 @@ def score(probe: Probe, text: str) -> bool:
     """Does the reply answer the probe? (see MatchMode in kvcal.probes.schema)"""
     mode = probe.match_mode
     if mode == "number":
-        found = _NUMBER.search(text.replace(",", ""))
+        # The answer is the first number the reply adds to the prompt's ("2 + 3 = 5" answers 5, not 2).
+        given = set(_numbers(probe.prompt))
+        found = _numbers(text)
+        answer = next((n for n in found if n not in given), found[-1] if found else None)
         try:
-            return found is not None and math.isclose(float(found.group()), float(probe.expected))
+            return answer is not None and math.isclose(answer, float(probe.expected))
         except ValueError:
             return False
     if mode == "exact":

@@ -51,7 +51,14 @@ def run(args: argparse.Namespace) -> int:
     if args.runtime:
         from kvcal.verify import runtime
 
-        rows = runtime.read_back(args.checkpoint, args.kv_cache_dtype, args.attention_backend, args.max_model_len)
+        try:
+            rows = runtime.read_back(args.checkpoint, args.kv_cache_dtype, args.attention_backend, args.max_model_len)
+        except Exception as err:  # any load failure is the verdict, and the Job must report it
+            message = f"vLLM could not load the checkpoint: {type(err).__name__}: {err}"
+            lines = [p.line() for p in problems] + [message]
+            _write_termination(args.termination_log, termination_summary(False, result.shape.layers, 0, lines))
+            print(message, file=sys.stderr)
+            return 1
         outcome = runtime.compare(result, rows, args.kv_cache_dtype)
         problems += outcome.problems
         notes += outcome.notes

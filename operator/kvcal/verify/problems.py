@@ -32,11 +32,11 @@ def termination_summary(
     text = json.dumps(summary, separators=(",", ":"))
     kept = list(problems)
     while len(text.encode()) > TERMINATION_LIMIT:
-        if summary.get("notes"):
-            summary["notes"] = summary["notes"][:-1]
-        elif kept:
+        if len(kept) > 1:  # keep the first problems and the notes (one-line summaries); drop from the end
             kept.pop()
             summary["problems"] = [*kept, f"... {len(problems) - len(kept)} more problems"]
+        elif summary.get("notes"):
+            summary["notes"] = summary["notes"][:-1]
         else:  # only a single huge line left: cut the text itself
             summary["problems"] = [p[:200] for p in summary["problems"]]
         text = json.dumps(summary, separators=(",", ":"))

@@ -154,6 +154,7 @@ def read_back(
     """Loads the checkpoint in a real vLLM engine (eager, small context) and reads every attention module's scales."""
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model pickles our function
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB on the CPU backend: the read-back needs no cache
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries our result (--json)
     from vllm import LLM  # imported here: the static verifier must not need vLLM
 
     from kvcal.verify.readback import read_kv_scales

@@ -100,6 +100,7 @@ def _job(
                 "metadata": {"labels": pod_labels},
                 "spec": {
                     "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,  # neither Job talks to the API server
                     "securityContext": pod_security_context(),
                     **scheduling,
                     "containers": [container],
