@@ -5,8 +5,8 @@ present, and the operator's memory.
 
 Starts etcd + kube-apiserver + kube-controller-manager (kvcal.devenv), runs `kvcal operator run` as a subprocess
 (as in production), creates --objects KVCalibrations and waits until each has its calibration Job (nothing plays
-kubelet, so they stay Calibrating), then applies --probes more one at a time and times each from the create call
-returning to the Job being readable (polled every 10 ms: that is the resolution). Prints a table.
+kubelet, so they stay Calibrating), then applies --probes more one at a time and times each from the create call (the
+apply) to the Job being readable (polled every 10 ms: that is the resolution). Prints a table.
 """
 
 import argparse
@@ -111,8 +111,8 @@ def main() -> int:
             for i in range(args.probes):
                 name = f"probe-{i:03d}"
                 job = job_name(name)
-                kube.create(kvcalibration(name))
                 t0 = time.monotonic()
+                kube.create(kvcalibration(name))
                 while kube.get("Job", NAMESPACE, job) is None:
                     if time.monotonic() - t0 > 120:
                         raise SystemExit(f"no Job for {name} after 120s")

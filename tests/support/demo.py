@@ -74,10 +74,10 @@ def demo_checkpoint(demo_calibration: DemoCheckpoint) -> Path:
     return demo_calibration.path
 
 
-# K = x W_k and V = x W_v scaled by 2^6 with W_q and W_o scaled by 2^-6: the model computes exactly the same function
-# (powers of two are exact in bf16 and RoPE is linear), but max|K|, max|V| rise from ~25 to ~1600, far past FP8's 448:
-# the case real models with K outliers hit, where scale 1.0 clips.
-AMPLIFY_LOG2 = 6
+# K = x W_k and V = x W_v scaled by 2^11 with W_q and W_o scaled by 2^-11: the model computes exactly the same function
+# (powers of two are exact in bf16 and RoPE is linear), but every head's max|K|, max|V| (0.4 .. 26 here) moves past FP8's
+# 448: the case of real models with K outliers, where scale 1.0 clips.
+AMPLIFY_LOG2 = 11
 
 
 def amplify(model_dir: Path, out: Path) -> Path:
@@ -115,9 +115,10 @@ def amplified_calibration(demo_model_dir: Path, tmp_path_factory: pytest.TempPat
         data=CALIBRATION_SET,
         holdout_data=HOLDOUT_SET,
         out=root / "checkpoint",
-        samples=3,
-        max_seq_length=64,
-        holdout_samples=2,
+        strategy="head",
+        samples=FIXTURE_SAMPLES,
+        max_seq_length=FIXTURE_MAX_SEQ_LENGTH,
+        holdout_samples=FIXTURE_HOLDOUT_SAMPLES,
         length_distribution={256: 1.0},
         plots=False,
     )

@@ -219,11 +219,11 @@ def markdown(report: Report) -> str:
             for x in report.sensitive_layers
         ),
         "",
-        "## Per layer (worst head): scale, holdout clip rate 1.0 -> calibrated, SQNR dB calibrated / oracle",
+        "## Per layer (worst head): scale; holdout clip rate at 1.0 and calibrated; SQNR dB at 1.0, calibrated, oracle",
         "",
-        "| layer | K scale | K clip 1.0 | K clip cal | K SQNR | K SQNR oracle | V scale | V clip 1.0 | V clip cal "
-        "| V SQNR | V SQNR oracle |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| layer | K scale | K clip 1.0 | K clip cal | K SQNR 1.0 | K SQNR cal | K SQNR oracle "
+        "| V scale | V clip 1.0 | V clip cal | V SQNR 1.0 | V SQNR cal | V SQNR oracle |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     cal = "head" if p.strategy == "head" else "tensor"
     for layer in report.layers:
@@ -233,6 +233,7 @@ def markdown(report: Report) -> str:
                 f"{max(h.scale for h in heads):.4g}",
                 _pct(max(h.holdout_clip_rate.default for h in heads)),
                 _pct(max(getattr(h.holdout_clip_rate, cal) for h in heads)),
+                f"{min(h.holdout_sqnr_db.default for h in heads):.2f}",
                 f"{min(getattr(h.holdout_sqnr_db, cal) for h in heads):.2f}",
                 f"{min(h.holdout_sqnr_db.oracle for h in heads):.2f}",
             ]
