@@ -95,7 +95,11 @@ def observe(
     enforce_eager: bool,
 ) -> Observed:
     out = Observed(variant)
-    config = ServerConfig(variant.model, variant.kv_cache_dtype, max_model_len, enforce_eager)
+    # No prefix caching: a reused prefix is computed by a different kernel path, so a reply would depend on which
+    # requests came before it (greedy outputs of the same config differed between runs with it on).
+    config = ServerConfig(
+        variant.model, variant.kv_cache_dtype, max_model_len, enforce_eager, extra_args=("--no-enable-prefix-caching",)
+    )
     server = VllmServer(config, logs / f"{variant.name}.log")
     log.info("starting vLLM for %s (%s, --kv-cache-dtype %s)", variant.name, variant.model, variant.kv_cache_dtype)
     with server:

@@ -25,6 +25,12 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
         action="store_true",
         help="no peering with other operator instances (one replica, or tests)",
     )
+    run.add_argument("--liveness", default=None, help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
+    run.add_argument(
+        "--calibrator-image",
+        default=os.environ.get("KVCAL_CALIBRATOR_IMAGE"),
+        help="calibration Job image when spec.calibration.job.image is unset (default: $KVCAL_CALIBRATOR_IMAGE)",
+    )
     run.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: $KUBECONFIG, in-cluster")
     run.add_argument("--verbose", "-v", action="store_true")
     run.set_defaults(func=_run)
@@ -57,8 +63,14 @@ def _run(args: argparse.Namespace) -> int:
     api = _api_client(args.kubeconfig)
     kube = KubeClient(api)
     reconciler = Reconciler(
-        kube, clock=lambda: datetime.now(UTC), backends=ClusterBackends(kube), metrics=OperatorMetrics()
+        kube,
+        clock=lambda: datetime.now(UTC),
+        backends=ClusterBackends(kube),
+        metrics=OperatorMetrics(),
+        calibrator_image=args.calibrator_image,
     )
-    options = OperatorOptions(namespaces=args.namespace, standalone=args.standalone, metrics_port=args.metrics_port)
+    options = OperatorOptions(
+        namespaces=args.namespace, standalone=args.standalone, metrics_port=args.metrics_port, liveness=args.liveness
+    )
     run(reconciler, api, options)
     return 0

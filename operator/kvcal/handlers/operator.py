@@ -144,6 +144,7 @@ class OperatorOptions:
     namespaces: Collection[str] = ()  # empty: every namespace
     standalone: bool = True
     metrics_port: int | None = None
+    liveness: str | None = None  # e.g. http://0.0.0.0:8080/healthz (kopf's liveness endpoint)
 
 
 def run(
@@ -166,6 +167,7 @@ def run(
         namespaces=list(options.namespaces),
         stop_flag=stop_flag,
         ready_flag=ready_flag,
+        liveness_endpoint=options.liveness,
     )
     try:
         asyncio.run(coro)

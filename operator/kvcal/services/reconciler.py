@@ -105,11 +105,15 @@ class Reconciler:
         clock: Callable[[], datetime],
         backends: AnalysisBackends | None = None,
         metrics: OperatorMetrics | None = None,
+        calibrator_image: str | None = None,
     ) -> None:
         self.kube = kube
         self.clock = clock
         self.backends = backends
         self.metrics = metrics
+        # The operator's default calibration image (chart value jobImages.calibrator), applied at the boundary to
+        # specs that name none, so the pure core only ever sees a complete spec.
+        self.calibrator_image = calibrator_image
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """One pass; returns seconds until the next one (None: only when something changes)."""
@@ -137,6 +141,9 @@ class Reconciler:
             return None
         now = self.clock()
         spec, spec_error = parse_spec(obj)
+        if spec is not None and self.calibrator_image and not spec.calibration.job.image:
+            job = spec.calibration.job.model_copy(update={"image": self.calibrator_image})
+            spec = spec.model_copy(update={"calibration": spec.calibration.model_copy(update={"job": job})})
         status = parse_status(obj)
         owner = Owner(name, namespace, obj["metadata"]["uid"])
         obs = self.observe(obj, owner, spec, spec_error, status, now)

@@ -14,7 +14,7 @@ LABEL_CALIBRATION = "kvcal.dev/calibration"
 LABEL_COMPONENT = "kvcal.dev/component"
 LABEL_SPEC_HASH = "kvcal.dev/spec-hash"
 LABEL_ROLE = "role"
-DEFAULT_CALIBRATOR_IMAGE = "ghcr.io/kvcal/calibrator:0.1.0"
+DEFAULT_CALIBRATOR_IMAGE = "ghcr.io/kvcal/kvcal-calibrator:0.1.0"
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 NON_ROOT_UID = 65532
 
