@@ -44,7 +44,7 @@ def needle_probes(spec: dict[str, Any] | None = None) -> list[Probe]:
                     kind="needle",
                     prompt=prompt,
                     expected=needle["expected"],
-                    max_tokens=12,
+                    max_tokens=32,  # SmolLM2 answers in a sentence: "The secret code ... is 472"
                     context_tokens=length,
                 )
             )
