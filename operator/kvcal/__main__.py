@@ -1,4 +1,5 @@
-from kvcal.cli import main
 import sys
+
+from kvcal.cli import main
 
 sys.exit(main())

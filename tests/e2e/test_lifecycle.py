@@ -135,7 +135,7 @@ class World:
             "events", "-n", self.namespace, "--field-selector", f"involvedObject.name={name}"
         )
         items: list[dict[str, Any]] = events["items"]  # type: ignore[assignment]
-        items.sort(key=lambda e: (e.get("firstTimestamp") or "", e["metadata"]["creationTimestamp"]))
+        items.sort(key=lambda e: (e.get("eventTime") or "", e.get("firstTimestamp") or ""))
         return [e["reason"] for e in items if e.get("source", {}).get("component") == "kvcal-operator"]
 
     def apply(self, manifest: dict[str, Any]) -> None:

@@ -178,7 +178,8 @@ class KubeClient:
 
     def emit_event(self, involved: Manifest, type_: str, reason: str, message: str) -> None:
         meta = involved["metadata"]
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        moment = datetime.now(UTC)
+        now = moment.strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -199,6 +200,9 @@ class KubeClient:
             "reportingInstance": "kvcal-operator",
             "firstTimestamp": now,
             "lastTimestamp": now,
+            # Microsecond time: several events of one reconcile share a second, and readers order by this.
+            "eventTime": moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "action": reason,
             "count": 1,
         }
         self.request("POST", "Event", meta["namespace"], body=body)

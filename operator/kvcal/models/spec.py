@@ -1,6 +1,7 @@
 """KVCalibration.spec. Defaults here equal the CRD's defaults (a test checks both agree)."""
 
 import re
+from itertools import pairwise
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -152,7 +153,7 @@ class KVCalibrationSpec(Model):
                 "(other vLLM backends collapse per-head scales to one per layer)"
             )
         steps = self.serving.traffic.steps
-        if any(b <= a for a, b in zip(steps, steps[1:], strict=False)) or any(not 0 < s <= 100 for s in steps):
+        if any(b <= a for a, b in pairwise(steps)) or any(not 0 < s <= 100 for s in steps):
             raise ValueError("spec.serving.traffic.steps: must be strictly increasing percentages in (0, 100]")
         if self.serving.traffic.router == "gateway-api" and not self.serving.traffic.http_route:
             raise ValueError("spec.serving.traffic.httpRoute: required when router is gateway-api")
