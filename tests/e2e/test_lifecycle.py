@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import config
 
 from kvcal.adapters.kube import KubeClient
 from kvcal.devenv.controlplane import free_port
@@ -26,6 +27,7 @@ from kvcal.models.spec import AnalysisSpec
 from kvcal.models.status import Measurement
 from kvcal.ports import Metrics, Probes, Router, Target
 from kvcal.services.reconciler import Reconciler
+from tests.support.chart import install_chart, release_name, uninstall_chart
 from tests.support.cluster import Cluster, wait_for
 from tests.support.kubelet import FakeKubelet
 
@@ -66,15 +68,16 @@ class FakeBackends:
 class OperatorThread:
     """The operator in a thread; stop() and start() again is a process restart as far as the API can tell."""
 
-    def __init__(self, cluster: Cluster, namespace: str, backends: FakeBackends) -> None:
-        self.cluster, self.namespace, self.backends = cluster, namespace, backends
+    def __init__(self, kubeconfig: Path, namespace: str, backends: FakeBackends) -> None:
+        # kubeconfig: the chart's own ServiceAccount token, so every lifecycle runs under the chart's RBAC.
+        self.kubeconfig, self.namespace, self.backends = kubeconfig, namespace, backends
         self.restarts = 0
         self.metrics_port = free_port()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
     def start(self) -> None:
-        api = self.cluster.api_client()
+        api = config.new_client_from_config(config_file=str(self.kubeconfig))  # type: ignore[no-untyped-call]
         kube = KubeClient(api)
         reconciler = Reconciler(kube, lambda: datetime.now(UTC), backends=self.backends, metrics=OperatorMetrics())
         self._stop, ready = threading.Event(), threading.Event()
@@ -143,17 +146,25 @@ class World:
 
 
 @pytest.fixture
-def world(control_plane: Cluster, crd_installed: str, namespace: str, tmp_path: Path) -> Iterator[World]:
+def world(
+    control_plane: Cluster, crd_installed: str, namespace: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> Iterator[World]:
+    # The operator authenticates as the ServiceAccount of charts/kvcal installed with namespace-scoped RBAC; the
+    # harness (playing kubelet and the test's user) keeps the admin client.
+    release = install_chart(control_plane, namespace, release_name(), {"rbac.scope": "namespace"}, tmp_path)
     kube = KubeClient(control_plane.api_client())
     kubelet = FakeKubelet(kube, namespace, tmp_path, extra_env={"HF_HUB_OFFLINE": "1"}).start()
     backends = FakeBackends()
-    operator = OperatorThread(control_plane, namespace, backends)
+    operator = OperatorThread(release.kubeconfig, namespace, backends)
     operator.start()
     try:
         yield World(control_plane, namespace, kube, kubelet, operator, backends, tmp_path / "out")
+        forbidden = [r.getMessage() for r in caplog.records if "forbidden" in r.getMessage().lower()]
+        assert not forbidden, f"the chart's RBAC refused the operator: {forbidden[:3]}"
     finally:
         operator.stop()
         kubelet.stop()
+        uninstall_chart(control_plane, release)
 
 
 @pytest.fixture(scope="session")
