@@ -6,25 +6,12 @@ from typing import Any
 
 import pytest
 
+from kvcal.models.status import CALIBRATION_SUMMARY_FIELDS
 from tests.support.demo import DemoCheckpoint
 
 pytestmark = pytest.mark.model
 
-SUMMARY_KEYS = {
-    "samples",
-    "tokens",
-    "strategy",
-    "observer",
-    "kScaleMax",
-    "vScaleMax",
-    "holdoutClipRateDefault",
-    "holdoutClipRateCalibrated",
-    "top1AgreementDefault",
-    "top1AgreementCalibrated",
-    "durationSeconds",
-    "artifact",
-    "reportVersion",
-}
+SUMMARY_KEYS = CALIBRATION_SUMMARY_FIELDS | {"artifact", "reportVersion"}
 
 
 def tensors(path: Path) -> dict[str, "object"]:

@@ -39,6 +39,7 @@ from kvcal.core.phases import check_transition
 from kvcal.core.traffic import plan_step
 from kvcal.models.spec import AnalysisSpec, KVCalibrationSpec
 from kvcal.models.status import (
+    CALIBRATION_SUMMARY_FIELDS,
     MAX_HISTORY,
     AnalysisStatus,
     CalibrationStatus,
@@ -68,19 +69,6 @@ POLL_SECONDS: dict[Phase, float | None] = {
     P.INVALID_SPEC: None,
 }
 _WARNING_PHASES = frozenset({P.FAILED, P.ROLLING_BACK, P.ROLLED_BACK, P.INVALID_SPEC})
-_CALIBRATION_KEYS = {
-    "samples",
-    "tokens",
-    "strategy",
-    "observer",
-    "kScaleMax",
-    "vScaleMax",
-    "holdoutClipRateDefault",
-    "holdoutClipRateCalibrated",
-    "top1AgreementDefault",
-    "top1AgreementCalibrated",
-    "durationSeconds",
-}
 
 
 def _parse_time(value: str) -> datetime:
@@ -218,7 +206,7 @@ def _calibrating(b: Builder, spec: KVCalibrationSpec, h: str) -> None:
         summary = json.loads(job.message)
         if not isinstance(summary, dict):
             raise ValueError("not a JSON object")
-        fields = {k: v for k, v in summary.items() if k in _CALIBRATION_KEYS}
+        fields = {k: v for k, v in summary.items() if k in CALIBRATION_SUMMARY_FIELDS}
         calibration = CalibrationStatus.model_validate(
             {**fields, "job": job.name, "specHash": h, "artifact": spec.calibration.output}
         )

@@ -47,6 +47,25 @@ class ClipStats(Model):
     v: float
 
 
+# The calibration Job's termination-message summary (the contract between the calibrator and the operator): these keys
+# are copied into status.calibration; the calibrator also writes `artifact` and `reportVersion`.
+CALIBRATION_SUMMARY_FIELDS = frozenset(
+    {
+        "samples",
+        "tokens",
+        "strategy",
+        "observer",
+        "kScaleMax",
+        "vScaleMax",
+        "holdoutClipRateDefault",
+        "holdoutClipRateCalibrated",
+        "top1AgreementDefault",
+        "top1AgreementCalibrated",
+        "durationSeconds",
+    }
+)
+
+
 class CalibrationStatus(Model):
     job: str | None = None
     spec_hash: str | None = None
