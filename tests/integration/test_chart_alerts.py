@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.unit.test_chart import CHART, KUBE_VERSION, helm
-from tests.unit.test_chart_observability import dashboard_exprs
+from tests.unit.test_chart_observability import dashboard_exprs, prometheus_rule
 
 pytestmark = pytest.mark.prometheus
 
@@ -33,21 +32,8 @@ def promtool() -> str:
 
 
 def rules_file(tmp_path: Path, values: dict[str, str]) -> Path:
-    sets = [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
-    out = helm(
-        "template",
-        "r",
-        str(CHART),
-        "--kube-version",
-        KUBE_VERSION,
-        "--set",
-        "prometheusRule.enabled=true",
-        *sets,
-        "-s",
-        "templates/prometheusrule.yaml",
-    ).stdout
     path = tmp_path / "rules.yaml"
-    path.write_text(yaml.safe_dump({"groups": yaml.safe_load(out)["spec"]["groups"]}))
+    path.write_text(yaml.safe_dump({"groups": prometheus_rule(values)["spec"]["groups"]}))
     return path
 
 

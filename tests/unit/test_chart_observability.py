@@ -57,19 +57,19 @@ def dashboard_exprs() -> Iterator[tuple[str, str]]:
     yield from walk(DASHBOARD["panels"])
 
 
-def alert_exprs() -> list[tuple[str, str]]:
+def prometheus_rule(values: dict[str, str] | None = None) -> dict[str, Any]:
+    """The chart's PrometheusRule, rendered with prometheusRule.enabled and VALUES."""
+    sets = [a for k, v in (values or {}).items() for a in ("--set", f"{k}={v}")]
     out = helm(
-        "template",
-        "r",
-        str(CHART),
-        "--kube-version",
-        KUBE_VERSION,
-        "--set",
-        "prometheusRule.enabled=true",
-        "-s",
-        "templates/prometheusrule.yaml",
-    ).stdout
-    rule = yaml.safe_load(out)
+        "template", "r", str(CHART), "--kube-version", KUBE_VERSION, "--set", "prometheusRule.enabled=true", *sets,
+        "-s", "templates/prometheusrule.yaml",
+    ).stdout  # fmt: skip
+    rule: dict[str, Any] = yaml.safe_load(out)
+    return rule
+
+
+def alert_exprs() -> list[tuple[str, str]]:
+    rule = prometheus_rule()
     return [(r["alert"], r["expr"]) for g in rule["spec"]["groups"] for r in g["rules"]]
 
 
