@@ -328,7 +328,8 @@ def test_lifecycle_promote_with_restarts_in_every_phase(world: World, model_dir:
     obj = w.wait_phase(name, "Deploying")
     assert condition(obj, "ScalesVerified")["status"] == "True", obj["status"]
     w.operator.restart()
-    assert w.children("Deployment", name) == [f"{name}-canary"]
+    # Deploying is written by the pass that verified the scales; the next pass (after the restart) creates the canary.
+    wait_for(lambda: w.children("Deployment", name) == [f"{name}-canary"], 60, "canary Deployment created")
     canary = w.kube.get("Deployment", w.namespace, f"{name}-canary")
     assert canary is not None
     args = canary["spec"]["template"]["spec"]["containers"][0]["args"]
