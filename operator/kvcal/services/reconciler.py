@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from kvcal.core.analysis import error_measurement, timestamp
 from kvcal.core.decide import OBSERVES, decide, measurement_due
+from kvcal.core.endpoints import probe_urls
 from kvcal.core.manifests import Owner, calibration_job_name, canary_name, verification_job_name
 from kvcal.core.manifests.common import LABEL_CALIBRATION, LABEL_MANAGED_BY, MANAGED_BY, label_value
 from kvcal.core.observations import (
@@ -242,10 +243,19 @@ class Reconciler:
         probes = self.backends.probes(target)
         if probes is not None:
             try:
-                out += probes.run(analysis, target.baseline_url, target.canary_url)
+                baseline_url, canary_url = self.probe_urls(target)
+                out += probes.run(analysis, baseline_url, canary_url)
             except Exception as e:
                 out.append(error_measurement("probes", f"{type(e).__name__}: {e}", at=timestamp(now)))
         return out
+
+    def probe_urls(self, target: Target) -> tuple[str, str]:
+        """One ready pod of each role by pod IP (see core.endpoints: the baseline Service also reaches the canary)."""
+        ns, baseline = target.namespace, target.spec.serving.baseline
+        deployment = self.kube.get("Deployment", ns, baseline.deployment)
+        selector = ((deployment or {}).get("spec", {}).get("selector") or {}).get("matchLabels") or {}
+        pods = self.kube.list("Pod", ns, selector) if deployment else []
+        return probe_urls(target.name, pods, deployment, self.kube.get("Service", ns, baseline.service))
 
     def act(self, owner: Owner, decision: Decision, target: Target | None) -> None:
         ns = owner.namespace
