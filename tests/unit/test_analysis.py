@@ -210,7 +210,16 @@ def test_counters_timestamps_delta_and_capped_history() -> None:
     assert len(status.measurements) == MAX_MEASUREMENTS
     assert status.measurements[-1].metric == "itl-p95"
     assert status.started_at == AT and status.last_measured_at == AT
-    assert status.ttft_p95_delta == "+9.5%"  # last ttft: canary 0.219 vs 0.2
+    last_canary = 0.2 + (MAX_MEASUREMENTS - 1) / 1000
+    assert status.ttft_p95_delta == f"{(last_canary / 0.2 - 1) * 100:+.1f}%"  # the last ttft-p95 vs baseline 0.2
+
+
+def test_only_the_p95_sets_the_ttft_p95_delta() -> None:
+    status = assess_run(SPEC, AnalysisStatus(), [m("Successful", "ttft-p50", canary=0.4)], NOW).status
+    assert status.ttft_p95_delta is None
+    both = [m("Successful", "ttft-p50", canary=0.4), m("Successful", canary=0.21)]
+    status = assess_run(SPEC, status, both, NOW).status
+    assert status.ttft_p95_delta == "+5.0%"
 
 
 def test_no_new_measurements_changes_nothing() -> None:

@@ -219,8 +219,9 @@ def interval_phase(measurements: Iterable[Measurement]) -> MeasurementPhase | No
 
 
 def _ttft_delta(new: list[Measurement], previous: str | None) -> str | None:
+    """The p95 TTFT delta (status.analysis.ttftP95Delta, a printer column); other quantiles never stand in for it."""
     for m in new:
-        if m.metric.startswith("ttft-") and m.baseline and m.canary is not None and m.phase != "Error":
+        if m.metric == "ttft-p95" and m.baseline and m.canary is not None and m.phase != "Error":
             return f"{(m.canary / m.baseline - 1) * 100:+.1f}%"
     return previous
 

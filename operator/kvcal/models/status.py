@@ -7,7 +7,7 @@ from pydantic import Field
 
 from kvcal.models.base import Model
 
-MAX_MEASUREMENTS = 20
+MAX_MEASUREMENTS = 48  # six intervals of the default checks (8 measurements each): enough to see why a run failed
 MAX_HISTORY = 20
 
 
