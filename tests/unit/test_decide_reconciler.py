@@ -3,15 +3,18 @@ annotation clean-up come after the write, unchanged status is never written."""
 
 import copy
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from kvcal.core.manifests import calibration_job_name
 from kvcal.core.spechash import spec_hash
 from kvcal.metrics import OperatorMetrics
-from kvcal.ports import Conflict, Kind, Manifest
+from kvcal.models.spec import AnalysisSpec
+from kvcal.models.status import Measurement
+from kvcal.ports import Conflict, Kind, Manifest, Metrics, Probes, Router, Target
 from kvcal.services.reconciler import Reconciler
-from tests.unit.test_decide_support import NOW, SPEC, spec
+from tests.unit.test_decide_support import NOW, SPEC, baseline_manifest, baseline_service, spec
 
 
 class FakeKube:
@@ -137,3 +140,54 @@ def test_deleted_object_is_left_alone() -> None:
     kube = FakeKube([kvcal(deletionTimestamp=datetime(2026, 1, 1).isoformat())])
     assert reconciler(kube).reconcile("llm", "smollm2") is None
     assert kube.calls == ["get KVCalibration/smollm2"]
+
+
+class RecordingProbes:
+    def __init__(self) -> None:
+        self.urls: list[tuple[str, str]] = []
+
+    def run(self, spec: AnalysisSpec, baseline_url: str, canary_url: str) -> list[Measurement]:
+        self.urls.append((baseline_url, canary_url))
+        return []
+
+
+@dataclass
+class ProbesOnly:
+    probes_fake: RecordingProbes
+
+    def metrics(self, target: Target) -> Metrics | None:
+        return None
+
+    def probes(self, target: Target) -> Probes | None:
+        return self.probes_fake
+
+    def router(self, target: Target) -> Router | None:
+        return None
+
+
+def running_pod(name: str, ip: str, **labels: str) -> Manifest:
+    return {
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "llm", **labels}},
+        "spec": {"containers": [{"name": "vllm", "ports": [{"containerPort": 8000}]}]},
+        "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def probe_target() -> Target:
+    return Target("llm", "smollm2", spec(), "smollm2-canary", "smollm2-canary", "http://llm.llm.svc:80", "unused")
+
+
+def test_probes_reach_one_pod_of_each_role_not_the_shared_service() -> None:
+    canary = running_pod("smollm2-canary-a-1", "10.0.0.9", role="canary", **{"kvcal.dev/calibration": "smollm2"})
+    kube = FakeKube([baseline_manifest(), baseline_service(), running_pod("llm-a-1", "10.0.0.2"), canary])
+    probes = RecordingProbes()
+    Reconciler(kube, clock=lambda: NOW, backends=ProbesOnly(probes)).measure(probe_target(), NOW)
+    assert probes.urls == [("http://10.0.0.2:8000", "http://10.0.0.9:8000")]
+
+
+def test_probes_without_a_ready_canary_pod_are_an_error_not_a_pass() -> None:
+    kube = FakeKube([baseline_manifest(), baseline_service(), running_pod("llm-a-1", "10.0.0.2")])
+    probes = RecordingProbes()
+    (error,) = Reconciler(kube, clock=lambda: NOW, backends=ProbesOnly(probes)).measure(probe_target(), NOW)
+    assert probes.urls == [] and error.phase == "Error" and "no ready canary pod" in (error.message or "")
