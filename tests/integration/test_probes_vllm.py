@@ -57,7 +57,12 @@ def test_prometheus_measures_a_real_vllm_server(vllm_server: VllmServer, prometh
         spec = AnalysisSpec(
             prometheus=PrometheusRef(address=prometheus.url),
             min_requests=1,
-            latency=[LatencyCheck(metric="ttft"), LatencyCheck(metric="e2e", quantile=0.5)],
+            # maxRegression 1.0: the two roles' windows differ (below), so the default 10% could fail a same-server
+            # comparison; this test is about finding the series, not about a verdict.
+            latency=[
+                LatencyCheck(metric="ttft", max_regression=1.0),
+                LatencyCheck(metric="e2e", quantile=0.5, max_regression=1.0),
+            ],
         )
         measurements = {
             m.metric: m for m in PrometheusMetrics(promql.role_label_selector("real-vllm")).measure(spec, 300)
@@ -66,7 +71,7 @@ def test_prometheus_measures_a_real_vllm_server(vllm_server: VllmServer, prometh
         for name in ("ttft-p95", "e2e-p50"):
             m = measurements[name]
             # Two scrape jobs of one shared server start at different instants, so each role's rate() window holds a
-            # different set of the session's requests: the values agree only roughly (seen: -35%).
+            # different set of the session's requests: the values agree only roughly (seen: -35%, +78%).
             assert m.phase == "Successful" and m.baseline and m.canary and 0.5 < m.canary / m.baseline < 2, m
         assert measurements["errorRate"].canary == 0.0
     finally:

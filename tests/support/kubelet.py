@@ -183,12 +183,6 @@ class FakeKubelet:
                 s.pod["metadata"]["name"]: (s.pod, s.address) for s in self._served.values() if s.proc.poll() is None
             }
 
-    def serve_log(self, pod_name: str, lines: int = 30) -> str:
-        for served in list(self._served.values()):
-            if served.pod["metadata"]["name"] == pod_name and served.log.exists():
-                return "\n".join(served.log.read_text(errors="replace").splitlines()[-lines:])
-        return ""
-
     def _is_held(self, pod: Manifest) -> bool:
         with self._lock:
             return component(pod) in self._held
@@ -359,7 +353,7 @@ class FakeKubelet:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(os.getpgid(proc.pid), signal.SIGTERM)
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=5)  # a short grace period: vLLM's engine process can linger for 30 s
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
