@@ -86,8 +86,6 @@ class Target:
     spec: KVCalibrationSpec
     canary_deployment: str
     canary_service: str
-    baseline_url: str
-    canary_url: str
 
 
 class AnalysisBackends(Protocol):

@@ -76,8 +76,7 @@ def test_gateway_router_sets_and_restores_weights(control_plane: Cluster, namesp
     spec_data = example()["spec"]
     spec_data["serving"]["traffic"] = {"router": "gateway-api", "httpRoute": "smollm2", "steps": [10, 50]}
     target = Target(namespace=namespace, name="smollm2-demo", spec=KVCalibrationSpec.model_validate(spec_data),
-                    canary_deployment="smollm2-demo-canary", canary_service="smollm2-demo-canary",
-                    baseline_url="", canary_url="")  # fmt: skip
+                    canary_deployment="smollm2-demo-canary", canary_service="smollm2-demo-canary")  # fmt: skip
     router = GatewayApiRouter(api_client)
 
     def refs() -> list[dict[str, Any]]:

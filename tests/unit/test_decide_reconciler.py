@@ -175,7 +175,7 @@ def running_pod(name: str, ip: str, **labels: str) -> Manifest:
 
 
 def probe_target() -> Target:
-    return Target("llm", "smollm2", spec(), "smollm2-canary", "smollm2-canary", "http://llm.llm.svc:80", "unused")
+    return Target("llm", "smollm2", spec(), "smollm2-canary", "smollm2-canary")
 
 
 def test_probes_reach_one_pod_of_each_role_not_the_shared_service() -> None:

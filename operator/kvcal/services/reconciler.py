@@ -94,11 +94,6 @@ def deployment_state(deployment: Manifest | None) -> DeploymentState | None:
     )
 
 
-def service_url(service: Manifest | None, namespace: str, name: str) -> str:
-    ports = (service or {}).get("spec", {}).get("ports") or [{"port": 80}]
-    return f"http://{name}.{namespace}.svc:{ports[0]['port']}"
-
-
 class Reconciler:
     def __init__(
         self,
@@ -149,7 +144,7 @@ class Reconciler:
         owner = Owner(name, namespace, obj["metadata"]["uid"])
         obs = self.observe(obj, owner, spec, spec_error, status, now)
         decision = decide(spec, status, obs, now)
-        target = self._target(owner, spec, obs) if spec else None
+        target = self._target(owner, spec) if spec else None
         self.act(owner, decision, target)
         if decision.status != status:
             self.kube.replace_status(namespace, name, obj["metadata"]["resourceVersion"], decision.status.to_wire())
@@ -212,11 +207,11 @@ class Reconciler:
             baseline_service=self.kube.get("Service", ns, baseline.service) if "baseline_service" in needs else None,
         )
         if measurement_due(spec.analysis, status, now):
-            target = self._target(owner, spec, obs)
+            target = self._target(owner, spec)
             obs = Observations(**{**obs.__dict__, "measurements": tuple(self.measure(target, now))})
         return obs
 
-    def _target(self, owner: Owner, spec: KVCalibrationSpec, obs: Observations) -> Target:
+    def _target(self, owner: Owner, spec: KVCalibrationSpec) -> Target:
         canary = canary_name(owner.name)
         return Target(
             namespace=owner.namespace,
@@ -224,8 +219,6 @@ class Reconciler:
             spec=spec,
             canary_deployment=canary,
             canary_service=canary,
-            baseline_url=service_url(obs.baseline_service, owner.namespace, spec.serving.baseline.service),
-            canary_url=service_url(obs.baseline_service, owner.namespace, canary),
         )
 
     def measure(self, target: Target, now: datetime) -> list[Measurement]:
