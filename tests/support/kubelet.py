@@ -281,19 +281,9 @@ class FakeKubelet:
         port = (container.get("ports") or [{"containerPort": 8000}])[0]["containerPort"]
         served: Served | None = None
         try:
-            dirs = self._volume_dirs(pod, root)
-            paths = PathMap({m["mountPath"]: dirs[m["name"]] for m in container.get("volumeMounts") or []})
-            self._materialise_config_maps(pod, dirs, paths)
-            argv = self._argv(container, paths)
-            if not container.get("command"):
-                image = str(container.get("image", "")).split(":")[0]
-                if image not in IMAGE_ENTRYPOINTS:
-                    raise RuntimeError(f"no local entrypoint for image {image!r} (IMAGE_ENTRYPOINTS)")
-                argv = [*IMAGE_ENTRYPOINTS[image], *argv]
+            pinned = {"VLLM_CPU_OMP_THREADS_BIND": str(self._pin(pod["metadata"]["uid"]))}
+            argv, env = self._prepare(pod, root, node_env=pinned)
             argv += ["--host", ip]  # the pod's own address; the container keeps its port
-            env = {**os.environ, **self.extra_env, "HOME": str(root / "home")}
-            env["VLLM_CPU_OMP_THREADS_BIND"] = str(self._pin(pod["metadata"]["uid"]))
-            env.update({e["name"]: paths.local(e.get("value", "")) for e in container.get("env") or []})
             log_path = root / "container.log"
             with log_path.open("wb") as out:
                 proc = subprocess.Popen(
@@ -394,8 +384,31 @@ class FakeKubelet:
                     text = json.dumps(paths.rewrite_json(json.loads(text)), indent=2)
                 (dirs[volume["name"]] / key).write_text(text)
 
+    def _prepare(
+        self,
+        pod: Manifest,
+        root: Path,
+        extra_mounts: dict[str, Path] | None = None,
+        node_env: dict[str, str] | None = None,
+    ) -> tuple[list[str], dict[str, str]]:
+        """The first container's local argv and env: its volumes materialised under `root`, paths mapped."""
+        container = pod["spec"]["containers"][0]
+        dirs = self._volume_dirs(pod, root)
+        mounts = {m["mountPath"]: dirs[m["name"]] for m in container.get("volumeMounts") or []}
+        paths = PathMap({**mounts, **(extra_mounts or {})})
+        self._materialise_config_maps(pod, dirs, paths)
+        env = {**os.environ, **self.extra_env, **(node_env or {})}
+        env.update({e["name"]: paths.local(e.get("value", "")) for e in container.get("env") or []})
+        env["HOME"] = str(root / "home")  # the container's HOME is an emptyDir: a fresh one per pod
+        return self._argv(container, paths), env
+
     def _argv(self, container: Manifest, paths: PathMap) -> list[str]:
         argv = [paths.local(a) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
+        if not container.get("command"):  # the image's ENTRYPOINT runs the args
+            image = str(container.get("image", "")).split(":")[0]
+            if image not in IMAGE_ENTRYPOINTS:
+                raise RuntimeError(f"fake kubelet: no local entrypoint for image {image!r} (IMAGE_ENTRYPOINTS)")
+            argv = [*IMAGE_ENTRYPOINTS[image], *argv]
         if argv and argv[0] in ("python", "python3"):
             argv[0] = sys.executable
         elif argv and argv[0] == "kvcal":
@@ -411,17 +424,10 @@ class FakeKubelet:
         self.runs.append(record)
         started = _now()
         try:
-            dirs = self._volume_dirs(pod, root)
-            mounts = {m["mountPath"]: dirs[m["name"]] for m in container.get("volumeMounts") or []}
             termination = root / "termination-log"
             termination.touch()
-            mounts[container.get("terminationMessagePath", "/dev/termination-log")] = termination
-            paths = PathMap(mounts)
-            self._materialise_config_maps(pod, dirs, paths)
-            argv = self._argv(container, paths)
-            env = {**os.environ, **self.extra_env}
-            env.update({e["name"]: paths.local(e.get("value", "")) for e in container.get("env") or []})
-            env["HOME"] = str(root / "home")  # the container's HOME is an emptyDir: a fresh one per pod
+            path = container.get("terminationMessagePath", "/dev/termination-log")
+            argv, env = self._prepare(pod, root, extra_mounts={path: termination})
             record["argv"] = argv
             log_path = root / "container.log"
             deadline = pod["spec"].get("activeDeadlineSeconds")

@@ -18,7 +18,8 @@ class NoEndpoint(LookupError):
     """No ready pod of a role: the interval's probes are an Error, never a pass."""
 
 
-def _ready(pod: Manifest) -> bool:
+def pod_ready(pod: Manifest) -> bool:
+    """Ready, not terminating, with a pod IP: what an Endpoints controller would route to."""
     status = pod.get("status") or {}
     if pod["metadata"].get("deletionTimestamp") or not status.get("podIP"):
         return False
@@ -56,7 +57,7 @@ def _pick(pods: Iterable[Manifest], wanted: Mapping[str, str], canary: bool) -> 
     found = [
         p
         for p in pods
-        if _ready(p)
+        if pod_ready(p)
         and _matches(p["metadata"].get("labels") or {}, wanted)
         and ((p["metadata"].get("labels") or {}).get(LABEL_ROLE) == "canary") == canary
     ]
