@@ -5,7 +5,9 @@ from itertools import pairwise
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
+from kvcal.core import vllm_flags
 from kvcal.models.base import Model
 
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
@@ -68,6 +70,16 @@ class CanarySpec(Model):
     kv_cache_dtype: Literal["fp8", "fp8_e4m3"] = "fp8_e4m3"
     attention_backend: str | None = None
     extra_args: list[str] = []
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_owned_flags(cls, args: list[str]) -> list[str]:
+        # The CRD's CEL rejects most of these at admission; this catches the rest (e.g. a positional after
+        # --flag=value) and specs that never went through an API server.
+        problems = [f"spec.serving.canary.extraArgs[{i}]: {why}" for i, why in vllm_flags.extra_args_problems(args)]
+        if problems:
+            raise PydanticCustomError("owned_vllm_flag", "{problems}", {"problems": "; ".join(problems)})
+        return args
 
 
 class TrafficSpec(Model):

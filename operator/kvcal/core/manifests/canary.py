@@ -9,6 +9,7 @@ Service see one model.
 import copy
 from typing import Any
 
+from kvcal.core import vllm_flags
 from kvcal.core.manifests.common import (
     LABEL_CALIBRATION,
     LABEL_ROLE,
@@ -24,9 +25,8 @@ from kvcal.models.spec import KVCalibrationSpec
 
 PROMOTED_ANNOTATION = "kvcal.dev/promoted-from"
 CHECKPOINT_ANNOTATION = "kvcal.dev/checkpoint"
-# Flags that would override or contradict calibrated scales.
-_DROPPED_FLAGS = ("--kv-cache-dtype", "--calculate-kv-scales")
-_FLAGS_WITHOUT_VALUE = frozenset({"--calculate-kv-scales"})
+# Baseline flags that would override or contradict the calibrated scales, in any spelling vLLM accepts.
+_DROPPED_FLAGS = (vllm_flags.KV_CACHE_DTYPE, vllm_flags.CALCULATE_KV_SCALES)
 
 
 class BaselineError(ValueError):
@@ -44,42 +44,16 @@ def baseline_container_index(deployment: Manifest, container: str | None) -> int
     raise BaselineError(f"spec.serving.baseline.container: no container {container!r} in the baseline (has: {names})")
 
 
-def _flag_value(args: list[str], flag: str) -> tuple[int, str] | None:
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            return i, args[i + 1]
-        if a.startswith(flag + "="):
-            return i, a.split("=", 1)[1]
-    return None
-
-
-def _without(args: list[str], flag: str) -> list[str]:
-    out: list[str] = []
-    skip = False
-    for a in args:
-        if skip:
-            skip = False
-            continue
-        if a == flag:
-            skip = flag not in _FLAGS_WITHOUT_VALUE
-            continue
-        if a.startswith(flag + "="):
-            continue
-        out.append(a)
-    return out
-
-
 def _replace_model(command: list[str], args: list[str], checkpoint: str) -> tuple[list[str], list[str], str]:
     """Point vLLM at `checkpoint`: `--model X`, `--model=X`, or `vllm serve X` (X in command or args)."""
-    found = _flag_value(args, "--model")
+    found = vllm_flags.find(args, vllm_flags.MODEL)
     if found is not None:
-        i, old = found
         new_args = list(args)
-        if args[i] == "--model":
-            new_args[i + 1] = checkpoint
+        if found.inline:
+            new_args[found.index] = f"--model={checkpoint}"
         else:
-            new_args[i] = f"--model={checkpoint}"
-        return command, new_args, old
+            new_args[found.index + 1] = checkpoint
+        return command, new_args, found.value
     argv = command + args
     if "serve" in argv:
         i = argv.index("serve") + 1
@@ -101,14 +75,13 @@ def fp8_container(container: Manifest, spec: KVCalibrationSpec, checkpoint: str,
     """The vLLM container rolled to the calibrated checkpoint with FP8 KV."""
     out = copy.deepcopy(container)
     command, args, old_model = _replace_model(list(out.get("command") or []), list(out.get("args") or []), checkpoint)
-    for flag in _DROPPED_FLAGS:
-        args = _without(args, flag)
-    if _flag_value(args, "--served-model-name") is None:
+    command, args = vllm_flags.without(command, _DROPPED_FLAGS), vllm_flags.without(args, _DROPPED_FLAGS)
+    if vllm_flags.find(command + args, vllm_flags.SERVED_MODEL_NAME) is None:
         args += ["--served-model-name", old_model]
     args += ["--kv-cache-dtype", spec.serving.canary.kv_cache_dtype]
     backend = spec.serving.canary.attention_backend
     if backend:
-        args = [*_without(args, "--attention-backend"), "--attention-backend", backend]
+        args = [*vllm_flags.without(args, [vllm_flags.ATTENTION_BACKEND]), "--attention-backend", backend]
     args += spec.serving.canary.extra_args
     if command:
         out["command"] = command
