@@ -93,8 +93,10 @@ def denotes(arg: str, flag: Flag) -> bool:
 
 
 def owned_flag(arg: str) -> Flag | None:
-    """The kvcal-owned flag that `arg` would set in vLLM, if any."""
-    return next((flag for flag in OWNED_FLAGS if denotes(arg, flag)), None)
+    """The kvcal-owned flag that `arg` would set in vLLM, if any (an exact name wins over a prefix, as in argparse)."""
+    name = flag_name(arg)
+    exact = next((flag for flag in OWNED_FLAGS if name in flag.names), None)
+    return exact or next((flag for flag in OWNED_FLAGS if denotes(arg, flag)), None)
 
 
 @dataclass(frozen=True)
@@ -168,26 +170,33 @@ _CEL_NAME = f"{_CEL_TEXT}.find('^[^=.\\\\s]*')"
 _CEL_VALUE = f"({_CEL_TEXT} == '-' || {_CEL_TEXT}.matches('{_NEGATIVE_NUMBER.pattern}'))"
 
 
-def admission_item_rule() -> str:
-    """CEL for each item of the CRD's spec.serving.canary.extraArgs: `owned_flag` and the `--` check, same owned
-    set, same normalisation (a unit test checks the CRD carries exactly this rule)."""
-    long_names = _cel_list(n for flag in OWNED_FLAGS for n in flag.names if n.startswith("--"))
-    short_names = _cel_list(n for flag in OWNED_FLAGS for n in flag.names if not n.startswith("--"))
-    return (
-        f"{_CEL_NAME} != '{END_OF_OPTIONS}' && ({_CEL_NAME}.startsWith('--') "
-        f"? {long_names}.all(f, !f.startsWith({_CEL_NAME}.replace('_', '-'))) "
+def admission_item_rules() -> list[dict[str, str]]:
+    """CEL for each item of the CRD's spec.serving.canary.extraArgs: `owned_flag` and the `--` check of
+    `extra_args_problems`, same owned set, same normalisation (a unit test checks the CRD carries exactly these)."""
+    long_names = [n for flag in OWNED_FLAGS for n in flag.names if n.startswith("--")]
+    short_names = [n for flag in OWNED_FLAGS for n in flag.names if not n.startswith("--")]
+    owned = (
+        f"{_CEL_NAME}.startsWith('--') "
+        f"? {_cel_list(long_names)}.all(f, !f.startsWith({_CEL_NAME}.replace('_', '-'))) "
         f": (!{_CEL_TEXT}.startsWith('-') || {_CEL_VALUE} "
-        f"|| {short_names}.all(f, !f.startsWith({_CEL_NAME}) && !{_CEL_NAME}.startsWith(f))))"
+        f"|| {_cel_list(short_names)}.all(f, !f.startsWith({_CEL_NAME}) && !{_CEL_NAME}.startsWith(f)))"
     )
-
-
-def admission_item_message() -> str:
-    names = ", ".join(n for flag in OWNED_FLAGS for n in flag.names)
-    return (
-        f"spec.serving.canary.extraArgs must not set a flag kvcal owns, in any spelling vLLM accepts ({names}; "
-        "also --flag=value, _ for -, abbreviations): use spec.serving.canary.kvCacheDtype or attentionBackend, or "
-        "set it on the baseline Deployment. --kv-cache-dtype-skip-layers is allowed"
-    )
+    return [
+        {
+            "rule": f"{_CEL_NAME} != '{END_OF_OPTIONS}'",
+            "message": "spec.serving.canary.extraArgs must not contain '--': it ends vLLM's options and what "
+            "follows would become the model",
+        },
+        {
+            "rule": owned,
+            "message": (
+                "spec.serving.canary.extraArgs must not set a flag kvcal owns, in any spelling vLLM accepts "
+                f"({', '.join(long_names + short_names)}; also with =value, _ for - and abbreviated): use "
+                "spec.serving.canary.kvCacheDtype or attentionBackend, or set it on the baseline Deployment. "
+                "--kv-cache-dtype-skip-layers is allowed"
+            ),
+        },
+    ]
 
 
 def admission_list_rule() -> str:

@@ -1,0 +1,88 @@
+"""spec.serving.canary.extraArgs on a real kube-apiserver: the CRD's CEL refuses every spelling of a flag kvcal owns
+(issue #10: `--kv_cache_dtype=auto`, ` --kv-cache-dtype`, `--model=/etc`, `--calculate-kv-scales` were admitted),
+names the item, and still admits --kv-cache-dtype-skip-layers. The operator's model refuses the same items."""
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from kvcal.models.spec import KVCalibrationSpec
+from tests.support.cluster import Cluster
+from tests.unit.test_vllm_flags import OWNED_SPELLINGS
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+MINIMAL = yaml.safe_load((REPO / "examples" / "minimal-per-tensor.yaml").read_text())
+
+
+def _dry_run_create(cluster: Cluster, namespace: str, extra_args: list[str]) -> Any:
+    doc = copy.deepcopy(MINIMAL)
+    doc["metadata"]["name"] = "extra-args"
+    doc["spec"]["serving"].setdefault("canary", {})["extraArgs"] = extra_args
+    return cluster.kubectl(
+        "create", "--dry-run=server", "-n", namespace, "-f", "-", "-o", "json", input=json.dumps(doc), check=False
+    )
+
+
+def _model_rejects(extra_args: list[str]) -> bool:
+    spec = copy.deepcopy(MINIMAL["spec"])
+    spec["serving"].setdefault("canary", {})["extraArgs"] = extra_args
+    try:
+        KVCalibrationSpec.model_validate(spec)
+    except ValidationError:
+        return True
+    return False
+
+
+# (extraArgs, index of the refused item, words of the message)
+REFUSED = [
+    *(([arg, "x"] if "=" not in arg else [arg], 0, "kvcal owns") for arg, _ in OWNED_SPELLINGS),
+    ([" --kv-cache-dtype", "auto"], 0, "kvcal owns"),  # the reproductions of issue #10, verbatim
+    (["--calculate-kv-scales"], 0, "kvcal owns"),
+    (["--enforce-eager", "--", "/etc"], 1, "ends vLLM's options"),
+]
+
+
+@pytest.mark.parametrize(("extra_args", "index", "hint"), REFUSED, ids=[" ".join(r[0]) for r in REFUSED])
+def test_owned_flag_in_extra_args_is_rejected_naming_the_item(
+    control_plane: Cluster, crd_installed: str, extra_args: list[str], index: int, hint: str
+) -> None:
+    # After a harmless flag, so the message must name the right item, not just the list.
+    proc = _dry_run_create(control_plane, "default", ["--max-num-seqs", "1", *extra_args])
+    assert proc.returncode != 0, f"the API server admitted extraArgs {extra_args}"
+    assert f"spec.serving.canary.extraArgs[{2 + index}]" in proc.stderr, proc.stderr
+    assert hint in proc.stderr, proc.stderr
+    assert _model_rejects(["--max-num-seqs", "1", *extra_args]), "the operator's model must refuse it too"
+
+
+@pytest.mark.parametrize("extra_args", [["/etc"], [" /models/other", "--enforce-eager"]])
+def test_leading_positional_is_rejected(control_plane: Cluster, crd_installed: str, extra_args: list[str]) -> None:
+    proc = _dry_run_create(control_plane, "default", extra_args)
+    assert proc.returncode != 0, f"the API server admitted extraArgs {extra_args}"
+    assert "spec.serving.canary.extraArgs" in proc.stderr and "positional model" in proc.stderr, proc.stderr
+    assert _model_rejects(extra_args)
+
+
+ADMITTED = [
+    ["--kv-cache-dtype-skip-layers", "0", "31"],
+    ["--kv_cache_dtype_skip_layers=sliding_window"],
+    ["--max-num-seqs", "1", "--enforce-eager", "-tp", "2", "-O3", "--compilation-config.mode=0"],
+    ["--max-model-len=4096", "--kv-cache-memory-bytes", "1G", "--model-impl", "vllm", "--seed", "-1"],
+    [],
+]
+
+
+@pytest.mark.parametrize("extra_args", ADMITTED, ids=[" ".join(a) or "empty" for a in ADMITTED])
+def test_flags_kvcal_does_not_own_are_admitted(
+    control_plane: Cluster, crd_installed: str, extra_args: list[str]
+) -> None:
+    proc = _dry_run_create(control_plane, "default", extra_args)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["spec"]["serving"]["canary"]["extraArgs"] == extra_args
+    assert not _model_rejects(extra_args)

@@ -1,0 +1,128 @@
+"""kvcal.core.vllm_flags against vLLM 0.32's real `vllm serve` parser (FlexibleArgumentParser, allow_abbrev on).
+
+Every spelling the operator refuses is one vLLM really maps onto an owned argument; every prefix vLLM resolves to an
+argument kvcal does not own passes; and the canary built from a baseline full of odd spellings parses, in vLLM, to
+the calibrated checkpoint with kvcal's KV dtype.
+"""
+
+import argparse
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from kvcal.core import vllm_flags
+from kvcal.core.manifests import build_canary_deployment
+from kvcal.core.manifests.jobs import checkpoint_location
+from tests.unit.test_canary_flags import SPEC, baseline_with_odd_spellings
+from tests.unit.test_decide_support import OWNER
+
+pytestmark = pytest.mark.vllm
+
+# Owned in kvcal for older vLLMs (the calibrated scales would be recomputed); vLLM 0.32 no longer has it.
+NOT_IN_VLLM_032 = {"--calculate-kv-scales", "--no-calculate-kv-scales"}
+
+
+@pytest.fixture(scope="module")
+def serve_parser() -> Iterator[tuple[argparse.ArgumentParser, argparse.ArgumentParser]]:
+    """(root, serve) parsers built the way `vllm serve` builds them."""
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    root = FlexibleArgumentParser()
+    serve = ServeSubcommand().subparser_init(root.add_subparsers())
+    assert serve.allow_abbrev, "vLLM turned abbreviations off: vllm_flags may stop treating prefixes as flags"
+    yield root, serve
+
+
+def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {option: action for action in parser._actions for option in action.option_strings}
+
+
+def _owned_dests(parser: argparse.ArgumentParser) -> set[str]:
+    options = _options(parser)
+    return {options[n].dest for f in vllm_flags.OWNED_FLAGS for n in f.names if n in options}
+
+
+def test_owned_flags_are_vllm_arguments_and_skip_layers_is_one(serve_parser: Any) -> None:
+    _, serve = serve_parser
+    options = _options(serve)
+    owned = {n for f in vllm_flags.OWNED_FLAGS for n in f.names}
+    assert owned - options.keys() == NOT_IN_VLLM_032
+    assert options["--kv-cache-dtype-skip-layers"].nargs == "+"
+
+
+def test_every_vllm_option_and_prefix_is_classified_as_vllm_resolves_it(serve_parser: Any) -> None:
+    """argparse's own resolution (exact, unique prefix, attached short value) over every option of vllm serve:
+    owned iff it lands on an owned argument; ambiguous prefixes (vLLM exits) may go either way."""
+    _, serve = serve_parser
+    owned_dests = _owned_dests(serve)
+    checked = 0
+    for option in _options(serve):
+        spellings = {option[:end] for end in range(2, len(option) + 1)} | {option + "x7"}
+        for spelling in sorted(spellings):
+            try:
+                resolved = serve._parse_optional(spelling)
+            except SystemExit:  # ambiguous: vLLM refuses to start
+                continue
+            if not resolved or resolved[0] is None:
+                continue
+            checked += 1
+            lands_on_owned = resolved[0].dest in owned_dests
+            assert (vllm_flags.owned_flag(spelling) is not None) == lands_on_owned, (spelling, resolved[0].dest)
+    assert checked > 1000
+
+
+# (extraArgs, the vLLM argument it sets, the value vLLM ends up with): the reproductions of issue #10 and friends.
+REPRODUCTIONS = [
+    (["--kv_cache_dtype=auto"], "kv_cache_dtype", "auto"),
+    (["--kv-cache-dtype=auto", "--kv-cache-dtype-skip-layers", "0"], "kv_cache_dtype", "auto"),
+    (["--model=/etc"], "model", "/etc"),
+    (["--served_model_name=other"], "served_model_name", ["other"]),
+    (["--served-model", "other"], "served_model_name", ["other"]),  # abbreviation
+    (["-qfp8"], "quantization", "fp8"),
+    (["--quantization=fp8"], "quantization", "fp8"),
+    (["--load_format=dummy"], "load_format", "dummy"),
+    (["--load-form=dummy"], "load_format", "dummy"),
+    (
+        ["--hf-overrides.quantization_config.kv_cache_scheme=null"],
+        "hf_overrides",
+        {"quantization_config": {"kv_cache_scheme": None}},
+    ),
+    (["--port=9000"], "port", 9000),
+    (["--tokenizer", "/other"], "tokenizer", "/other"),
+]
+
+
+@pytest.mark.parametrize(("extra_args", "dest", "value"), REPRODUCTIONS)
+def test_refused_extra_args_really_override_in_vllm(
+    serve_parser: Any, extra_args: list[str], dest: str, value: Any
+) -> None:
+    _, serve = serve_parser
+    # As `python -m vllm.entrypoints.openai.api_server` parses them (the baselines of tests/unit use it).
+    kvcal_args = ["--model", "/ckpt", "--kv-cache-dtype", "fp8_e4m3", "--served-model-name", "llm"]
+    parsed = serve.parse_args([*kvcal_args, *extra_args])
+    assert getattr(parsed, dest) == value
+    assert vllm_flags.extra_args_problems(extra_args), f"{extra_args} reaches vLLM but kvcal lets it through"
+
+
+def test_skip_layers_reaches_vllm_and_is_allowed(serve_parser: Any) -> None:
+    root, _ = serve_parser
+    extra = ["--kv-cache-dtype-skip-layers", "0", "31", "--max-num-seqs", "1"]
+    parsed = root.parse_args(["serve", "/ckpt", "--kv-cache-dtype", "fp8_e4m3", *extra])
+    assert parsed.kv_cache_dtype == "fp8_e4m3"
+    assert parsed.kv_cache_dtype_skip_layers == ["0", "31"]
+    assert vllm_flags.extra_args_problems(extra) == []
+
+
+def test_canary_of_an_odd_baseline_parses_to_the_calibrated_checkpoint_with_fp8(serve_parser: Any) -> None:
+    root, _ = serve_parser
+    canary = build_canary_deployment(OWNER, SPEC, baseline_with_odd_spellings(), 1)
+    container = canary["spec"]["template"]["spec"]["containers"][0]
+    argv = [*container["command"], *container["args"]]
+    assert argv[:2] == ["vllm", "serve"]
+    parsed = root.parse_args(argv[1:])
+    assert parsed.model_tag == checkpoint_location(SPEC).path
+    assert parsed.kv_cache_dtype == SPEC.serving.canary.kv_cache_dtype
+    assert parsed.served_model_name == ["llm"]
+    assert parsed.kv_cache_dtype_skip_layers == ["0"]

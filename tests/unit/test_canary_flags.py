@@ -1,0 +1,64 @@
+"""The canary and the promoted baseline drop the baseline's KV overrides in every spelling vLLM accepts.
+
+vLLM reads `--kv_cache_dtype=auto` as --kv-cache-dtype and the last occurrence wins, so a baseline spelling that
+survives the copy decides the canary's KV dtype (and, after promotion, production's). The same argument lists are
+parsed by vLLM 0.32's real parser in tests/integration/test_vllm_flags_parser.py.
+"""
+
+from typing import Any
+
+from kvcal.core import vllm_flags
+from kvcal.core.manifests import build_canary_deployment, build_promoted_baseline
+from kvcal.core.manifests.jobs import checkpoint_location
+from kvcal.core.spechash import spec_hash
+from tests.unit.test_decide_support import OWNER, baseline_manifest, spec
+
+SPEC = spec()
+BASELINE_ARGS = [
+    "--model=/models/smollm2",
+    "--kv_cache_dtype=auto",
+    "--calculate_kv_scales",
+    " --kv-cache-dtype",
+    "auto",
+    "--no-calculate-kv-scales",
+    "--served_model_name",
+    "llm",
+    "--kv-cache-dtype-skip-layers",
+    "0",
+    "--port",
+    "8000",
+]
+
+
+def baseline_with_odd_spellings() -> dict[str, Any]:
+    baseline = baseline_manifest()
+    container = baseline["spec"]["template"]["spec"]["containers"][0]
+    container["command"] = ["vllm", "serve", "--calculate-kv-scales"]
+    container["args"] = list(BASELINE_ARGS)
+    return baseline
+
+
+def _canary_argv(pod_spec: dict[str, Any]) -> list[str]:
+    container = pod_spec["containers"][0]
+    return [*container.get("command", []), *container["args"]]
+
+
+def _assert_only_kvcal_sets_the_kv_cache(argv: list[str]) -> None:
+    kv_dtype = [a for a in argv if vllm_flags.denotes(a, vllm_flags.KV_CACHE_DTYPE)]
+    assert kv_dtype == ["--kv-cache-dtype"], argv
+    assert argv[argv.index("--kv-cache-dtype") + 1] == SPEC.serving.canary.kv_cache_dtype
+    assert not [a for a in argv if vllm_flags.denotes(a, vllm_flags.CALCULATE_KV_SCALES)], argv
+    # What kvcal does not own survives; the baseline's served name is kept, not overridden by the model path.
+    assert argv[argv.index("--kv-cache-dtype-skip-layers") + 1] == "0"
+    assert [a for a in argv if vllm_flags.denotes(a, vllm_flags.SERVED_MODEL_NAME)] == ["--served_model_name"]
+    assert f"--model={checkpoint_location(SPEC).path}" in argv
+
+
+def test_canary_drops_the_baselines_kv_overrides_in_any_spelling() -> None:
+    canary = build_canary_deployment(OWNER, SPEC, baseline_with_odd_spellings(), 1)
+    _assert_only_kvcal_sets_the_kv_cache(_canary_argv(canary["spec"]["template"]["spec"]))
+
+
+def test_promotion_does_not_carry_the_baselines_kv_overrides_into_production() -> None:
+    patch = build_promoted_baseline(OWNER, SPEC, spec_hash(SPEC), baseline_with_odd_spellings())
+    _assert_only_kvcal_sets_the_kv_cache(_canary_argv(patch["spec"]["template"]["spec"]))

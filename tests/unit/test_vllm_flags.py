@@ -1,0 +1,174 @@
+"""kvcal.core.vllm_flags: flags read the way vLLM's parser reads them, and what extraArgs may not set.
+
+The agreement with vLLM 0.32's real parser is proven in tests/integration/test_vllm_flags_parser.py; the same
+reproductions are rejected at admission in tests/integration/test_crd_extra_args.py.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from kvcal.core import vllm_flags
+from kvcal.models.spec import KVCalibrationSpec
+from kvcal.services.reconciler import parse_spec
+
+REPO = Path(__file__).resolve().parents[2]
+MINIMAL_SPEC: dict[str, Any] = yaml.safe_load((REPO / "examples" / "minimal-per-tensor.yaml").read_text())["spec"]
+
+# (extraArgs item, the owned flag vLLM would set): every spelling vLLM's parser maps onto that flag.
+OWNED_SPELLINGS = [
+    ("--kv-cache-dtype", "--kv-cache-dtype"),
+    ("--kv_cache_dtype=auto", "--kv-cache-dtype"),
+    (" --kv-cache-dtype", "--kv-cache-dtype"),
+    ("--kv-cache-dtype\t", "--kv-cache-dtype"),
+    ("--kv-cache-dtype auto", "--kv-cache-dtype"),
+    ("--kv-cache-dt", "--kv-cache-dtype"),
+    ("--kv_cache_dt=auto", "--kv-cache-dtype"),
+    ("--kv-cache-dtype.x=1", "--kv-cache-dtype"),
+    ("--model=/etc", "--model"),
+    ("--model", "--model"),
+    ("--calculate-kv-scales", "--calculate-kv-scales"),
+    ("--calculate_kv_scales", "--calculate-kv-scales"),
+    ("--no-calculate-kv-scales", "--calculate-kv-scales"),
+    ("--calculate-kv", "--calculate-kv-scales"),
+    ("--served-model-name=other", "--served-model-name"),
+    ("--served_model_name", "--served-model-name"),
+    ("--port=9000", "--port"),
+    ("--host", "--host"),
+    ("--uds=/tmp/s", "--uds"),
+    ("--quantization=fp8", "--quantization"),
+    ("-q", "--quantization"),
+    ("-qfp8", "--quantization"),
+    ("-q=fp8", "--quantization"),
+    ("--quantization_config={}", "--quantization-config"),
+    ("--attention-backend=TRITON_ATTN", "--attention-backend"),
+    ("--attention-config.backend=TRITON_ATTN", "--attention-config"),
+    ("-ac.backend=TRITON_ATTN", "--attention-config"),
+    ("-a", "--attention-config"),
+    ("--hf-overrides.quantization_config.kv_cache_scheme=null", "--hf-overrides"),
+    ("--hf_config_path=/x", "--hf-config-path"),
+    ("--load-format=dummy", "--load-format"),
+    ("--download_dir", "--download-dir"),
+    ("--tokenizer=/other", "--tokenizer"),
+    ("--revision=main", "--revision"),
+    ("--tokenizer-revision", "--tokenizer-revision"),
+    ("--code-revision", "--code-revision"),
+    ("--model-loader-extra-config={}", "--model-loader-extra-config"),
+    ("--weight-transfer-config={}", "--weight-transfer-config"),
+    ("--config=/etc/vllm.yaml", "--config"),
+    ("--config-format=mistral", "--config-format"),
+]
+# Spellings that set nothing kvcal owns.
+FREE_SPELLINGS = [
+    "--kv-cache-dtype-skip-layers",
+    "--kv_cache_dtype_skip_layers=0",
+    "--kv-cache-dtype-s",
+    "--kv-cache-memory-bytes=1G",
+    "--enforce-eager",
+    "--max-num-seqs",
+    "--model-impl=vllm",
+    "--max-model-len=4096",
+    "-tp",
+    "-asc",
+    "-O3",
+    "--compilation-config.mode=0",
+]
+
+
+@pytest.mark.parametrize(("arg", "flag"), OWNED_SPELLINGS)
+def test_every_spelling_of_an_owned_flag_is_recognised(arg: str, flag: str) -> None:
+    owned = vllm_flags.owned_flag(arg)
+    assert owned is not None and owned.name == flag
+
+
+@pytest.mark.parametrize("arg", FREE_SPELLINGS)
+def test_flags_kvcal_does_not_own_pass(arg: str) -> None:
+    assert vllm_flags.owned_flag(arg) is None
+    assert vllm_flags.extra_args_problems([arg]) == []
+
+
+@pytest.mark.parametrize(
+    ("arg", "name"),
+    [
+        ("--kv_cache_dtype=auto", "--kv-cache-dtype"),
+        ("  --hf_overrides.a_b=1", "--hf-overrides"),
+        ("-q_x", "-q_x"),  # vLLM turns `_` into `-` only in `--` names
+        ("/etc", None),
+        ("-1", None),  # argparse reads a negative number as a value
+        ("-0.5", None),
+        ("-", None),
+        ("--", "--"),
+    ],
+)
+def test_flag_name_normalises_like_vllm(arg: str, name: str | None) -> None:
+    assert vllm_flags.flag_name(arg) == name
+
+
+@pytest.mark.parametrize(
+    ("args", "refused"),
+    [
+        (["/etc"], 0),  # the first item follows the operator's `--kv-cache-dtype X`: a positional, i.e. the model
+        (["--max-num-seqs=1", "/etc"], 1),
+        (["--enforce-eager", "--", "/etc"], 1),
+        ([" /models/other "], 0),
+    ],
+)
+def test_positional_arguments_are_refused(args: list[str], refused: int) -> None:
+    assert [i for i, _ in vllm_flags.extra_args_problems(args)] == [refused]
+
+
+def test_values_after_their_flag_pass() -> None:
+    args = ["--max-num-seqs", "1", "--kv-cache-dtype-skip-layers", "0", "31", "--max-model-len=4096", "-tp", "2"]
+    assert vllm_flags.extra_args_problems(args) == []
+
+
+def test_find_and_without_read_every_spelling() -> None:
+    args = ["--model=/m", "--kv_cache_dtype", "auto", " --calculate_kv_scales", "--kv-cache-dtype-skip-layers", "0"]
+    found = vllm_flags.find(args, vllm_flags.MODEL)
+    assert found == vllm_flags.Occurrence(0, "/m", inline=True)
+    dropped = vllm_flags.without(args, [vllm_flags.KV_CACHE_DTYPE, vllm_flags.CALCULATE_KV_SCALES])
+    assert dropped == ["--model=/m", "--kv-cache-dtype-skip-layers", "0"]
+
+
+def _spec_with_extra_args(args: list[str]) -> dict[str, Any]:
+    data = yaml.safe_load(yaml.safe_dump(MINIMAL_SPEC))
+    data["serving"].setdefault("canary", {})["extraArgs"] = args
+    return dict(data)
+
+
+@pytest.mark.parametrize(("arg", "flag"), OWNED_SPELLINGS)
+def test_the_model_rejects_owned_flags_naming_item_flag_and_fix(arg: str, flag: str) -> None:
+    owned = vllm_flags.owned_flag(arg)
+    assert owned is not None
+    with pytest.raises(ValidationError) as raised:
+        KVCalibrationSpec.model_validate(_spec_with_extra_args(["--max-num-seqs", "1", arg]))
+    message = str(raised.value)
+    assert "spec.serving.canary.extraArgs[2]" in message
+    assert f"sets {flag}, which kvcal owns: {owned.fix}" in message
+
+
+def test_invalid_spec_message_names_the_item() -> None:
+    """The reconciler's InvalidSpec message (status.message) carries the validator's words unmangled."""
+    parsed, error = parse_spec({"spec": _spec_with_extra_args(["--enforce-eager", "--kv_cache_dtype=auto"])})
+    assert parsed is None and error is not None
+    assert "spec.serving.canary.extraArgs[1]: '--kv_cache_dtype=auto' sets --kv-cache-dtype" in error
+    assert "use spec.serving.canary.kvCacheDtype" in error
+
+
+def test_the_model_accepts_skip_layers() -> None:
+    spec = KVCalibrationSpec.model_validate(_spec_with_extra_args(["--kv-cache-dtype-skip-layers", "0", "31"]))
+    assert spec.serving.canary.extra_args == ["--kv-cache-dtype-skip-layers", "0", "31"]
+
+
+def test_crd_carries_the_admission_rules_built_from_the_owned_list() -> None:
+    """One source of truth: the CRD's CEL on extraArgs is generated from OWNED_FLAGS (paste the new rule in after
+    changing the list)."""
+    for crd_path in (REPO / "crds", REPO / "charts" / "kvcal" / "crds"):
+        crd = yaml.safe_load((crd_path / "kvcal.dev_kvcalibrations.yaml").read_text())
+        spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        extra_args = spec["properties"]["serving"]["properties"]["canary"]["properties"]["extraArgs"]
+        assert extra_args["items"]["x-kubernetes-validations"] == vllm_flags.admission_item_rules()
+        assert [r["rule"] for r in extra_args["x-kubernetes-validations"]] == [vllm_flags.admission_list_rule()]
