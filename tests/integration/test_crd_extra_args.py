@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from kvcal.models.spec import KVCalibrationSpec
 from tests.support.cluster import Cluster
-from tests.unit.test_vllm_flags import OWNED_SPELLINGS
+from tests.unit.test_vllm_flags import FREE_SPELLINGS, OWNED_SPELLINGS
 
 pytestmark = pytest.mark.cluster
 
@@ -75,6 +75,7 @@ ADMITTED = [
     ["--max-num-seqs", "1", "--enforce-eager", "-tp", "2", "-O3", "--compilation-config.mode=0"],
     ["--max-model-len=4096", "--kv-cache-memory-bytes", "1G", "--model-impl", "vllm", "--seed", "-1"],
     [],
+    *(["--max-num-seqs", "1", arg] for arg in FREE_SPELLINGS),
 ]
 
 

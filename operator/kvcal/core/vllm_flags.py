@@ -14,7 +14,7 @@ from dataclasses import dataclass
 # argparse reads these as values, not flags, when no option looks like a negative number (true of vLLM's).
 _NEGATIVE_NUMBER = re.compile(r"^-[0-9]+$|^-[0-9]*[.][0-9]+$")  # argparse's, spelt for CEL too
 # A flag's name ends at `=` (inline value), `.` (vLLM's JSON sub-key) or whitespace.
-_NAME = re.compile(r"[^=.\s]*")
+_NAME_END = re.compile(r"[=.\s]")
 END_OF_OPTIONS = "--"
 
 _FIX_CHECKPOINT = "the canary serves spec.calibration.output and the baseline spec.model.source"
@@ -73,9 +73,8 @@ def flag_name(arg: str) -> str | None:
     text = arg.strip()
     if not text.startswith("-") or text == "-" or _NEGATIVE_NUMBER.match(text):
         return None
-    name = _NAME.match(text)
-    assert name is not None  # the pattern matches the empty string
-    return name.group().replace("_", "-") if text.startswith("--") else name.group()
+    name = _NAME_END.split(text, maxsplit=1)[0]
+    return name.replace("_", "-") if name.startswith("--") else name
 
 
 def _abbreviates(name: str, option: str) -> bool:
