@@ -1,9 +1,11 @@
 """spec.serving.canary.extraArgs on a real kube-apiserver: the CRD's CEL refuses every spelling of a flag kvcal owns
 (issue #10: `--kv_cache_dtype=auto`, ` --kv-cache-dtype`, `--model=/etc`, `--calculate-kv-scales` were admitted),
-names the item, and still admits --kv-cache-dtype-skip-layers. The operator's model refuses the same items."""
+names the item, and still admits --kv-cache-dtype-skip-layers. The operator's model refuses the same items, and what
+CEL cannot judge ends in InvalidSpec."""
 
 import copy
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from kvcal.adapters.kube import KubeClient
 from kvcal.models.spec import KVCalibrationSpec
+from kvcal.services.reconciler import Reconciler
 from tests.support.cluster import Cluster
 from tests.unit.test_vllm_flags import FREE_SPELLINGS, OWNED_SPELLINGS
 
@@ -87,3 +91,20 @@ def test_flags_kvcal_does_not_own_are_admitted(
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["spec"]["serving"]["canary"]["extraArgs"] == extra_args
     assert not _model_rejects(extra_args)
+
+
+def test_operator_reports_invalid_spec_naming_the_item(
+    control_plane: Cluster, crd_installed: str, namespace: str
+) -> None:
+    """What CEL cannot see (a value with no flag before it, after `--flag=value`) the operator refuses: one
+    reconcile pass on the real API server writes InvalidSpec and names the item."""
+    doc = copy.deepcopy(MINIMAL)
+    doc["metadata"]["name"] = "positional"
+    doc["spec"]["serving"].setdefault("canary", {})["extraArgs"] = ["--max-num-seqs=1", "/etc"]
+    control_plane.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(doc))
+    reconciler = Reconciler(KubeClient(control_plane.api_client()), lambda: datetime.now(UTC))
+    reconciler.reconcile(namespace, "positional")
+    status: Any = control_plane.get_json("kvcalibration", "positional", "-n", namespace)["status"]
+    assert status["phase"] == "InvalidSpec", status
+    assert "spec.serving.canary.extraArgs[1]: '/etc' is a positional argument" in status["message"], status
+    assert not control_plane.kubectl("get", "jobs", "-n", namespace, "-o", "name").stdout.strip(), "nothing may run"
