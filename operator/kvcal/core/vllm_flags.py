@@ -3,8 +3,8 @@
 vLLM 0.32's FlexibleArgumentParser (vllm/utils/argparse_utils.py) turns `_` into `-` in a `--` flag's name up to
 the first `.`, reads `--flag.key value` as JSON for `--flag`, and keeps argparse's abbreviations (allow_abbrev is
 on): a unique prefix of a flag is that flag, and a short option takes its value attached (`-qfp8`). The last
-occurrence of a flag wins. So `--kv_cache_dtype=auto`, `--kv-cache-dt auto` and `--kv-cache-dtype.x 1` all set
---kv-cache-dtype; a bare value with no flag before it is a positional argument, which `vllm serve` takes as the model.
+occurrence of a flag wins. So `--kv_cache_dtype=auto` and `--kv-cache-dtype.x 1` set --kv-cache-dtype, `--load-form
+dummy` sets --load-format, and a bare value with no flag before it is a positional argument: `vllm serve`'s model.
 """
 
 import re
@@ -36,6 +36,7 @@ class Flag:
 MODEL = Flag(("--model",), _FIX_CHECKPOINT)
 SERVED_MODEL_NAME = Flag(("--served-model-name",), _FIX_BASELINE)
 KV_CACHE_DTYPE = Flag(("--kv-cache-dtype",), "use spec.serving.canary.kvCacheDtype")
+# Gone in vLLM 0.32; older vLLMs recompute the scales from the first batch and ignore the calibrated ones.
 CALCULATE_KV_SCALES = Flag(("--calculate-kv-scales", "--no-calculate-kv-scales"), _FIX_SCALES, takes_value=False)
 ATTENTION_BACKEND = Flag(("--attention-backend",), "use spec.serving.canary.attentionBackend")
 
