@@ -1,6 +1,7 @@
 """core.policy.check: the operator's security policy on a spec (issue #10 item 1), and decide() refusing it."""
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import KVCalibrationStatus, Phase
 from tests.unit.test_decide_support import NOW, SPEC, observations
 
+REPO = Path(__file__).resolve().parents[2]
 CHART_VALUES = yaml.safe_load((Path(__file__).resolve().parents[2] / "charts/kvcal/values.yaml").read_text())
 SECURE = Policy()  # the defaults: hostpath:// off, only the default calibrator image
 
@@ -187,3 +189,14 @@ def test_a_policy_tightened_mid_run_rolls_back() -> None:
     status = KVCalibrationStatus(phase=Phase.CALIBRATING)
     d = decide(spec_with(**ATTACK), status, observations(policy=SECURE), NOW)
     assert d.status.phase == Phase.ROLLING_BACK and d.status.history[-1].reason == "PolicyDenied"
+
+
+def test_the_local_trial_allows_its_demo_and_nothing_else_by_default() -> None:
+    """docs/local-trial.md's helm install opens host paths just enough for examples/demo-cpu.yaml."""
+    trial = (REPO / "docs" / "local-trial.md").read_text()
+    prefixes = tuple(re.findall(r"policy\.hostPath\.allowedPrefixes\[\d\]=([^'\s]+)", trial))
+    assert "policy.hostPath.enabled=true" in trial and prefixes == ("/var/lib/kvcal",)
+    demo = yaml.safe_load((REPO / "examples" / "demo-cpu.yaml").read_text())
+    demo_spec = KVCalibrationSpec.model_validate(demo["spec"])
+    assert check(demo_spec, Policy(host_path_prefixes=prefixes)) == []
+    assert {v.chart_value for v in check(demo_spec, SECURE)} == {HOST_PATH_ENABLED_VALUE}
