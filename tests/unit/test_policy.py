@@ -148,6 +148,12 @@ def test_calibrator_image_is_the_operators_or_under_an_allowed_prefix(image: str
     assert image_allowed(image, policy) is allowed
 
 
+def test_the_host_root_is_a_folder_like_any_other() -> None:
+    (root,) = check(spec_with(**{"model.source": "hostpath:////"}), Policy(host_path_prefixes=("/data",)))
+    assert "host folder / is outside" in str(root)
+    assert check(spec_with(**{"model.source": "hostpath:////"}), Policy(host_path_prefixes=("/",))) == []
+
+
 def test_policy_values_are_checked() -> None:
     with pytest.raises(ValueError, match="absolute"):
         Policy(host_path_prefixes=("data",))

@@ -154,7 +154,7 @@ def locate(uri: str, *, field: str, directory: bool = True, writable: bool = Fal
         if not rest.startswith("/"):
             raise ValueError(f"{field}: {uri!r} must be absolute; use hostpath:///ABSOLUTE/PATH")
         rest = clean_path(rest, field=field)
-        host_dir = rest.rstrip("/") if directory else posixpath.dirname(rest)
+        host_dir = rest if directory else posixpath.dirname(rest)
         digest = hashlib.sha256(host_dir.encode()).hexdigest()[:8]
         mount = f"/kvcal/host/{digest}"
         host_path: dict[str, str] = {"path": host_dir}
