@@ -43,6 +43,12 @@ def test_policy_values_become_the_operators_policy(monkeypatch: pytest.MonkeyPat
     )
 
 
+def test_a_release_without_policy_values_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`helm upgrade --reuse-values` from a chart that had no policy.* values renders, with the closed policy."""
+    policy = operator_policy(render({"policy": "null"}), monkeypatch)
+    assert policy.host_path_prefixes == () and policy.calibrator_image_prefixes == ()
+
+
 def test_prefixes_without_enabled_open_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     policy = operator_policy(render({"policy.hostPath.allowedPrefixes[0]": "/data"}), monkeypatch)
     assert policy.host_path_prefixes == ()
