@@ -21,6 +21,7 @@ import yaml
 from kubernetes import config
 
 from kvcal.adapters.kube import KubeClient
+from kvcal.core.policy import Policy
 from kvcal.devenv.controlplane import free_port
 from kvcal.handlers.operator import OperatorOptions, run
 from kvcal.metrics import OperatorMetrics
@@ -28,12 +29,13 @@ from kvcal.models.spec import AnalysisSpec
 from kvcal.models.status import Measurement
 from kvcal.ports import Metrics, Probes, Router, Target
 from kvcal.services.reconciler import Reconciler
-from tests.support.chart import install_chart, release_name, uninstall_chart
+from tests.support.chart import install_chart, operator_policy, release_name, uninstall_chart
 from tests.support.cluster import Cluster, wait_for
 from tests.support.kubelet import FakeKubelet
 
 pytestmark = pytest.mark.cluster
 DATA = Path(__file__).resolve().parents[2] / "operator" / "kvcal" / "data" / "calibration.jsonl"
+HOST_PATHS_ALLOWED = {"policy.hostPath.enabled": "true", "policy.hostPath.allowedPrefixes[0]": "/"}
 CALIBRATION_TIMEOUT = 900.0  # the real calibrator on 2 shared cores: ~2.5 min of CPU, up to 10 min under load
 
 
@@ -69,9 +71,10 @@ class FakeBackends:
 class OperatorThread:
     """The operator in a thread; stop() and start() again is a process restart as far as the API can tell."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, backends: FakeBackends) -> None:
-        # kubeconfig: the chart's own ServiceAccount token, so every lifecycle runs under the chart's RBAC.
-        self.kubeconfig, self.namespace, self.backends = kubeconfig, namespace, backends
+    def __init__(self, kubeconfig: Path, namespace: str, backends: FakeBackends, policy: Policy) -> None:
+        # kubeconfig: the chart's own ServiceAccount token, so every lifecycle runs under the chart's RBAC;
+        # policy: the chart's security policy (tests.support.chart.operator_policy).
+        self.kubeconfig, self.namespace, self.backends, self.policy = kubeconfig, namespace, backends, policy
         self.restarts = 0
         self.metrics_port = free_port()
         self._thread: threading.Thread | None = None
@@ -80,7 +83,9 @@ class OperatorThread:
     def start(self) -> None:
         api = config.new_client_from_config(config_file=str(self.kubeconfig))  # type: ignore[no-untyped-call]
         kube = KubeClient(api)
-        reconciler = Reconciler(kube, lambda: datetime.now(UTC), backends=self.backends, metrics=OperatorMetrics())
+        reconciler = Reconciler(
+            kube, lambda: datetime.now(UTC), backends=self.backends, metrics=OperatorMetrics(), policy=self.policy
+        )
         self._stop, ready = threading.Event(), threading.Event()
         options = OperatorOptions(namespaces=[self.namespace], standalone=True, metrics_port=self.metrics_port)
         self._thread = threading.Thread(target=run, args=(reconciler, api, options, self._stop, ready), daemon=True)
@@ -151,12 +156,15 @@ def world(
     control_plane: Cluster, crd_installed: str, namespace: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> Iterator[World]:
     # The operator authenticates as the ServiceAccount of charts/kvcal installed with namespace-scoped RBAC; the
-    # harness (playing kubelet and the test's user) keeps the admin client.
-    release = install_chart(control_plane, namespace, release_name(), {"rbac.scope": "namespace"}, tmp_path)
+    # harness (playing kubelet and the test's user) keeps the admin client. These specs mount this machine's folders
+    # (hostpath://), so the chart's policy allows host paths, as for a kind trial (tests/e2e/test_policy.py: the
+    # closed default).
+    values = {"rbac.scope": "namespace", **HOST_PATHS_ALLOWED}
+    release = install_chart(control_plane, namespace, release_name(), values, tmp_path)
     kube = KubeClient(control_plane.api_client())
     kubelet = FakeKubelet(kube, namespace, tmp_path, extra_env={"HF_HUB_OFFLINE": "1"}).start()
     backends = FakeBackends()
-    operator = OperatorThread(release.kubeconfig, namespace, backends)
+    operator = OperatorThread(release.kubeconfig, namespace, backends, operator_policy(control_plane, release))
     operator.start()
     try:
         yield World(control_plane, namespace, kube, kubelet, operator, backends, tmp_path / "out")

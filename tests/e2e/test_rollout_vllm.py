@@ -35,6 +35,7 @@ from kvcal.handlers.backends import ClusterBackends
 from kvcal.ports import Metrics, Probes, Router, Target
 from tests.e2e.test_lifecycle import (
     CALIBRATION_TIMEOUT,
+    HOST_PATHS_ALLOWED,
     FakeBackends,
     OperatorThread,
     World,
@@ -43,7 +44,7 @@ from tests.e2e.test_lifecycle import (
     kvcalibration,
     model_dir,  # noqa: F401 (a fixture)
 )
-from tests.support.chart import install_chart, release_name, uninstall_chart
+from tests.support.chart import install_chart, operator_policy, release_name, uninstall_chart
 from tests.support.cluster import Cluster, wait_for
 from tests.support.kubelet import FakeKubelet, component
 from tests.support.load import LoadGenerator
@@ -155,7 +156,8 @@ def real(
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> Iterator[Real]:
-    release = install_chart(control_plane, namespace, release_name(), {"rbac.scope": "namespace"}, tmp_path)
+    values = {"rbac.scope": "namespace", **HOST_PATHS_ALLOWED}
+    release = install_chart(control_plane, namespace, release_name(), values, tmp_path)
     kube = KubeClient(control_plane.api_client())
     scrapes = Scrapes(prometheus, namespace)
     load: list[LoadGenerator] = []
@@ -176,7 +178,7 @@ def real(
         on_serving=serving,
     ).start()
     backends = ClusterBackendsForTest(cluster_backends=ClusterBackends(kube))
-    operator = OperatorThread(release.kubeconfig, namespace, backends)
+    operator = OperatorThread(release.kubeconfig, namespace, backends, operator_policy(control_plane, release))
     load.append(LoadGenerator(lambda: service_endpoints(kube, kubelet, namespace), concurrency=4))
     load[0].pause()
     load[0].start()

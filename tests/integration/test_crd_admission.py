@@ -121,6 +121,28 @@ MALFORMED: list[tuple[str, Callable[[Spec], None], str, str]] = [
         "must differ",
     ),
     ("output-scheme", _set("calibration.output", "/models/out"), "spec.calibration.output", "hostpath:///"),
+    # Issue #10: '..' segments could climb out of a folder the operator's policy allows; the same folder spelt with a
+    # trailing or doubled slash is still the model's folder.
+    ("model-dot-dot", _set("model.source", "hostpath:///../../etc"), "spec.model.source", "'..'"),
+    (
+        "dataset-dot-dot",
+        _set("calibration.dataset.source", "pvc://data/../../prompts.jsonl"),
+        "spec.calibration.dataset.source",
+        "'..'",
+    ),
+    ("output-dot-dot", _set("calibration.output", "hostpath:///var/../etc"), "spec.calibration.output", "'..'"),
+    (
+        "output-is-source-trailing-slash",
+        _set("calibration.output", MINIMAL["spec"]["model"]["source"] + "/"),
+        "spec.calibration.output",
+        "must differ",
+    ),
+    (
+        "output-is-source-double-slash",
+        _set("calibration.output", "pvc://models//llama-3.1-8b-instruct/."),
+        "spec.calibration.output",
+        "must differ",
+    ),
     ("no-output", _delete("calibration.output"), "spec.calibration.output", "Required value"),
     ("steps-decreasing", _set("serving.traffic.steps", [50, 10]), "spec.serving.traffic.steps", "strictly increasing"),
     ("steps-repeated", _set("serving.traffic.steps", [10, 10]), "spec.serving.traffic.steps", "strictly increasing"),
@@ -189,6 +211,16 @@ def test_malformed_kvcalibration_is_rejected_naming_the_field(
     assert proc.returncode != 0, f"the API server admitted a malformed KVCalibration: {proc.stdout}"
     assert field in proc.stderr, proc.stderr
     assert hint in proc.stderr, proc.stderr
+
+
+def test_dots_inside_a_name_are_admitted(control_plane: Cluster, admission_ns: str) -> None:
+    """Only a whole '..' segment is refused: llama..v2 is an ordinary folder name."""
+    doc = copy.deepcopy(MINIMAL)
+    doc["metadata"]["name"] = "dots-in-names"
+    doc["spec"]["model"]["source"] = "pvc://models/llama..v2"
+    doc["spec"]["calibration"]["output"] = "pvc://models/llama..v2-fp8kv/"
+    proc = _create(control_plane, admission_ns, doc)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_explain_teaches_the_calibration_fields(control_plane: Cluster, crd_installed: str) -> None:

@@ -1,13 +1,16 @@
 """The Helm chart on the real control plane: install it and get a kubeconfig that authenticates as the chart's own
 ServiceAccount, so tests run the operator (or replay its calls) under exactly the RBAC the chart grants."""
 
+import os
 import subprocess
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from unittest.mock import patch
 
 import yaml
 
+from kvcal.core.policy import Policy
 from tests.support.cluster import Cluster
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "kvcal"
@@ -51,3 +54,18 @@ def uninstall_chart(control_plane: Cluster, release: Release) -> None:
 def release_name() -> str:
     """Unique per test: the ClusterRole and ClusterRoleBinding are named after the release and are cluster-wide."""
     return f"r{uuid.uuid4().hex[:8]}"
+
+
+def operator_policy(control_plane: Cluster, release: Release) -> Policy:
+    """The security policy the release's operator runs with: its Deployment's command line and env, as installed,
+    parsed by the real `kvcal operator run` parser (the chart's policy.* values travel as flags and env)."""
+    from kvcal.cli import build_parser
+    from kvcal.handlers.cli import policy_from_args
+
+    manifest = helm(control_plane, "get", "manifest", release.name, "--namespace", release.namespace).stdout
+    (deployment,) = [d for d in yaml.safe_load_all(manifest) if d and d["kind"] == "Deployment"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container.get("env") or [] if "value" in e}
+    argv = [*container["command"][1:], *container["args"]]
+    with patch.dict(os.environ, env):  # the parser reads its defaults from the container's env
+        return policy_from_args(build_parser(argv[0]).parse_args(argv))

@@ -24,9 +24,11 @@ Paths. Every volumeMount's mountPath maps to a local directory, explicitly:
 - configMap volume -> its keys materialised from the API into a fresh directory; in `*.json` files every string
   that starts with a mountPath is rewritten the same way (the calibrator's config carries in-container paths);
 - emptyDir, projected, secret -> a fresh directory (left empty: our Jobs need no token or secret).
-The longest matching mountPath wins. The same rewrite applies to the command, args and env values; the
-terminationMessagePath maps to a fresh file. `python`/`python3` run this interpreter and `kvcal` the script beside
-it (the local equivalent of the image's entrypoints).
+A mount with a subPath maps to that entry of its volume (created as a folder when missing, as kubelet does). The
+longest matching mountPath wins. The same rewrite applies to the command, args and env values; the
+terminationMessagePath maps to a fresh file. A container with readOnlyRootFilesystem runs in a read-only working
+directory (the nearest local stand-in for the image's read-only root). `python`/`python3` run this interpreter and
+`kvcal` the script beside it (the local equivalent of the image's entrypoints).
 
 `verify_runtime=False` runs the verification Job's `kvcal verify` without `--runtime` (the static variant): loading
 vLLM costs ~30-60 s per start on 2 CPU cores, so the lifecycle tests prove the operator's side (command, volumes,
@@ -75,6 +77,15 @@ def component(pod: Manifest) -> str:
     if labels.get("kvcal.dev/component") in ("calibration", "verification"):
         return str(labels["kvcal.dev/component"])
     return "canary" if labels.get("role") == "canary" else "baseline"
+
+
+def _sub_path(volume_dir: Path, mount: Manifest) -> Path:
+    if not mount.get("subPath"):
+        return volume_dir
+    local = volume_dir / mount["subPath"]
+    if not local.exists():
+        local.mkdir(parents=True)
+    return local
 
 
 def _owner_kind(pod: Manifest) -> str | None:
@@ -394,7 +405,7 @@ class FakeKubelet:
         """The first container's local argv and env: its volumes materialised under `root`, paths mapped."""
         container = pod["spec"]["containers"][0]
         dirs = self._volume_dirs(pod, root)
-        mounts = {m["mountPath"]: dirs[m["name"]] for m in container.get("volumeMounts") or []}
+        mounts = {m["mountPath"]: _sub_path(dirs[m["name"]], m) for m in container.get("volumeMounts") or []}
         paths = PathMap({**mounts, **(extra_mounts or {})})
         self._materialise_config_maps(pod, dirs, paths)
         env = {**os.environ, **self.extra_env, **(node_env or {})}
@@ -431,9 +442,13 @@ class FakeKubelet:
             record["argv"] = argv
             log_path = root / "container.log"
             deadline = pod["spec"].get("activeDeadlineSeconds")
+            cwd = root
+            if (container.get("securityContext") or {}).get("readOnlyRootFilesystem"):
+                cwd = root / "rootfs"  # the image's working directory, read-only: a write there fails as in the pod
+                cwd.mkdir(mode=0o555)
             with log_path.open("wb") as out:
                 proc = subprocess.run(  # the Job's own command, as the kubelet would run it
-                    argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=root, timeout=deadline, check=False
+                    argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, timeout=deadline, check=False
                 )
             code = proc.returncode
             message = termination.read_text(errors="replace")[:MESSAGE_BYTES]

@@ -14,7 +14,7 @@ from kvcal.models.spec import AnalysisSpec
 from kvcal.models.status import Measurement
 from kvcal.ports import Conflict, Kind, Manifest, Metrics, Probes, Router, Target
 from kvcal.services.reconciler import Reconciler
-from tests.unit.test_decide_support import NOW, SPEC, baseline_manifest, baseline_service, spec
+from tests.unit.test_decide_support import NOW, POLICY, SPEC, baseline_manifest, baseline_service, spec
 
 
 class FakeKube:
@@ -86,7 +86,7 @@ def kvcal(**meta: Any) -> Manifest:
 
 
 def reconciler(kube: FakeKube) -> Reconciler:
-    return Reconciler(kube, clock=lambda: NOW, metrics=OperatorMetrics())
+    return Reconciler(kube, clock=lambda: NOW, metrics=OperatorMetrics(), policy=POLICY)
 
 
 JOB = calibration_job_name("smollm2", spec_hash(spec()))

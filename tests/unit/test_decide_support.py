@@ -7,6 +7,7 @@ from typing import Any
 from kvcal.core.manifests import Owner
 from kvcal.core.manifests.canary import PROMOTED_ANNOTATION, promotion_marker
 from kvcal.core.observations import DeploymentState, JobState, Observations
+from kvcal.core.policy import Policy
 from kvcal.core.spechash import spec_hash
 from kvcal.models.spec import KVCalibrationSpec
 
@@ -31,6 +32,10 @@ SPEC: dict[str, Any] = {
     "serving": {"baseline": {"deployment": "llm", "service": "llm"}, "traffic": {"steps": [50]}},
     "analysis": {"interval": "30s", "warmup": "0s", "successfulIntervals": 2, "failureLimit": 2},
 }
+
+
+# The operator's policy in these tests: SPEC's calibration image is the operator's calibrator image.
+POLICY = Policy(calibrator_image=SPEC["calibration"]["job"]["image"])
 
 
 def spec(**overrides: Any) -> KVCalibrationSpec:
@@ -98,4 +103,5 @@ def job(name: str, state: str = "Running", message: str = "", reason: str = "", 
 def observations(**fields: Any) -> Observations:
     fields.setdefault("baseline", baseline())
     fields.setdefault("baseline_service", baseline_service())
+    fields.setdefault("policy", POLICY)
     return Observations(owner=OWNER, generation=fields.pop("generation", 1), **fields)

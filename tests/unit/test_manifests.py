@@ -1,5 +1,6 @@
 """build_* against golden YAML (UPDATE_GOLDEN=1 rewrites tests/golden/), plus the rules every child must follow."""
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -133,8 +134,27 @@ def test_calibration_job_uses_spec_scheduling_and_gpu() -> None:
     assert job["spec"]["activeDeadlineSeconds"] == 1800 and job["spec"]["backoffLimit"] == 0
     assert pod["nodeSelector"] == {"gpu": "h100"} and pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    output_mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == "/kvcal/pvc/models")
-    assert output_mount["readOnly"] is False  # the claim holds both the input model and the output
+    assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_model_stays_read_only_when_it_shares_the_output_claim() -> None:
+    """Issue #10 item 3: model and output on one claim; the claim is mounted once per use, the model read-only."""
+    job = build_calibration_job(OWNER, SPEC, H)
+    mounts = {m["mountPath"]: m for m in job["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+    model, output = mounts["/kvcal/pvc/models/smollm2"], mounts["/kvcal/pvc/models/smollm2-fp8kv"]
+    assert model["name"] == output["name"] == "kvcal-pvc-models"
+    assert model["subPath"] == "smollm2" and model["readOnly"] is True
+    assert output["subPath"] == "smollm2-fp8kv" and output["readOnly"] is False
+    assert "/kvcal/pvc/models" not in mounts  # no read-write mount of the whole claim
+    config = json.loads(build_calibration_configmap(OWNER, SPEC, H)["data"]["config.json"])
+    assert config["modelDir"] == model["mountPath"] and config["out"] == output["mountPath"]
+
+
+def test_verification_job_has_a_read_only_root_filesystem() -> None:
+    pod = CASES["verification-job"]()["spec"]["template"]["spec"]
+    assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    scratch = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
+    assert {m["mountPath"] for m in pod["containers"][0]["volumeMounts"] if m["name"] in scratch} == {"/tmp"}
 
 
 def test_names_are_deterministic_and_fit_a_label() -> None:
@@ -195,3 +215,17 @@ def test_owner_reference_points_at_the_kvcalibration() -> None:
     job = build_calibration_job(other, SPEC, H)
     assert job["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     assert job["metadata"]["namespace"] == "ns"
+
+
+def test_canary_gets_a_hardened_security_context_where_the_baseline_has_none() -> None:
+    pod = build_canary_deployment(OWNER, SPEC, baseline_manifest(), 1)["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    vllm = pod["containers"][0]["securityContext"]
+    assert vllm == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    own = baseline_manifest()
+    own_pod = own["spec"]["template"]["spec"]
+    own_pod["securityContext"] = {"runAsUser": 1000, "runAsNonRoot": True}
+    own_pod["containers"][0]["securityContext"] = {"readOnlyRootFilesystem": True}
+    pod = build_canary_deployment(OWNER, SPEC, own, 1)["spec"]["template"]["spec"]
+    assert pod["securityContext"] == own_pod["securityContext"]  # the baseline's own choice is kept
+    assert pod["containers"][0]["securityContext"] == {"readOnlyRootFilesystem": True}

@@ -104,7 +104,13 @@ def check_output(config: CalibrationConfig, info: ModelInfo) -> None:
 
 
 def prepare_output(config: CalibrationConfig) -> None:
-    """Empty (with --force) or create the output folder. Runs after every check passed."""
-    if config.out.is_dir() and any(config.out.iterdir()):
-        shutil.rmtree(config.out)
+    """Empty (with --force) or create the output folder. Runs after every check passed.
+
+    Empties it rather than removing it: in the Job the folder is a mount point (its own subPath or hostPath).
+    """
     config.out.mkdir(parents=True, exist_ok=True)
+    for entry in config.out.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()

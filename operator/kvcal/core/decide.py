@@ -20,6 +20,7 @@ from kvcal.core.observations import (
     Observations,
 )
 from kvcal.core.phases import ACTIVE
+from kvcal.core.policy import Violation, check
 from kvcal.core.spechash import spec_hash
 from kvcal.models.spec import AnalysisSpec, KVCalibrationSpec
 from kvcal.models.status import (
@@ -68,6 +69,10 @@ def decide(spec: KVCalibrationSpec | None, status: KVCalibrationStatus, obs: Obs
         else:
             b.update(message=obs.spec_error or "the spec is invalid")
         return b.finish()
+    violations = check(spec, obs.policy)
+    if violations and (b.phase in (P.PENDING, P.INVALID_SPEC) or b.phase in ACTIVE):
+        _refuse(b, violations)
+        return b.finish()
     current_hash = spec_hash(spec)
     if b.phase == P.INVALID_SPEC:
         b.move(P.PENDING, "SpecFixed", "the spec is valid again")
@@ -82,6 +87,20 @@ def decide(spec: KVCalibrationSpec | None, status: KVCalibrationStatus, obs: Obs
     except BaselineError as e:
         fail(b, "BaselineUnusable", str(e))
     return b.finish()
+
+
+def _refuse(b: Builder, violations: list[Violation]) -> None:
+    """A spec the policy refuses creates nothing; one that became refused mid-way (the admin tightened the policy)
+    rolls back, which removes what it had created."""
+    message = "; ".join(str(v) for v in violations)
+    reason = "PolicyDenied" if any(v.chart_value for v in violations) else "InvalidSpec"
+    b.condition("Calibrated", "False", reason, message)
+    if b.phase == P.INVALID_SPEC:
+        b.update(message=message)
+    elif b.phase == P.PENDING:
+        b.move(P.INVALID_SPEC, reason, message)
+    else:
+        b.move(P.ROLLING_BACK, reason, message)
 
 
 def _on_spec_change(b: Builder, spec: KVCalibrationSpec, current_hash: str) -> None:

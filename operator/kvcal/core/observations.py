@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kvcal.core.manifests.common import Manifest, Owner
+from kvcal.core.policy import Policy
 from kvcal.models.status import KVCalibrationStatus, Measurement
 
 # Annotations a person (or `kvcal promote|abort|retry`) sets on the KVCalibration; any non-empty value counts.
@@ -59,6 +60,7 @@ class Observations:
     baseline_service: Manifest | None = None
     measurements: tuple[Measurement, ...] = ()
     spec_error: str | None = None  # the spec failed validation: why, naming the field
+    policy: Policy = field(default_factory=Policy)  # the operator's security policy (chart values policy.*)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,10 @@ import os
 from datetime import UTC, datetime
 
 from kubernetes import client, config
+from pydantic import ValidationError
+
+from kvcal.core.manifests.common import DEFAULT_CALIBRATOR_IMAGE
+from kvcal.core.policy import Policy
 
 
 def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -28,8 +32,23 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     run.add_argument("--liveness", default=None, help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
     run.add_argument(
         "--calibrator-image",
-        default=os.environ.get("KVCAL_CALIBRATOR_IMAGE"),
-        help="calibration Job image when spec.calibration.job.image is unset (default: $KVCAL_CALIBRATOR_IMAGE)",
+        default=os.environ.get("KVCAL_CALIBRATOR_IMAGE") or DEFAULT_CALIBRATOR_IMAGE,
+        help="calibration Job image when spec.calibration.job.image is unset, and the only one allowed unless "
+        f"--allow-calibrator-image-prefix (default: $KVCAL_CALIBRATOR_IMAGE, else {DEFAULT_CALIBRATOR_IMAGE})",
+    )
+    run.add_argument(
+        "--allow-calibrator-image-prefix",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="also allow spec.calibration.job.image under this prefix, e.g. registry.example.com/ml/ (repeatable)",
+    )
+    run.add_argument(
+        "--allow-hostpath-prefix",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="allow hostpath:// sources and outputs under this host folder (repeatable); none: hostpath:// disabled",
     )
     run.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: $KUBECONFIG, in-cluster")
     run.add_argument("--verbose", "-v", action="store_true")
@@ -50,6 +69,15 @@ def _api_client(kubeconfig: str | None) -> client.ApiClient:
     return client.ApiClient()
 
 
+def policy_from_args(args: argparse.Namespace) -> Policy:
+    """The security policy from the flags the chart's policy.* values become (templates/deployment.yaml)."""
+    return Policy(
+        calibrator_image=args.calibrator_image,
+        calibrator_image_prefixes=tuple(args.allow_calibrator_image_prefix),
+        host_path_prefixes=tuple(args.allow_hostpath_prefix),
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
     from kvcal.adapters.kube import KubeClient
     from kvcal.handlers.backends import ClusterBackends
@@ -60,6 +88,12 @@ def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    try:
+        policy = policy_from_args(args)
+    except ValidationError as e:
+        logging.getLogger(__name__).error("invalid policy: %s", e)
+        return 2
+    logging.getLogger(__name__).info("policy: %s", policy.to_wire())
     api = _api_client(args.kubeconfig)
     kube = KubeClient(api)
     reconciler = Reconciler(
@@ -67,7 +101,7 @@ def _run(args: argparse.Namespace) -> int:
         clock=lambda: datetime.now(UTC),
         backends=ClusterBackends(kube),
         metrics=OperatorMetrics(),
-        calibrator_image=args.calibrator_image,
+        policy=policy,
     )
     options = OperatorOptions(
         namespaces=args.namespace, standalone=args.standalone, metrics_port=args.metrics_port, liveness=args.liveness

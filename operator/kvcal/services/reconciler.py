@@ -32,6 +32,7 @@ from kvcal.core.observations import (
     Patch,
     SetWeight,
 )
+from kvcal.core.policy import Policy
 from kvcal.core.spechash import spec_hash
 from kvcal.metrics import OperatorMetrics
 from kvcal.models.spec import KVCalibrationSpec
@@ -101,15 +102,15 @@ class Reconciler:
         clock: Callable[[], datetime],
         backends: AnalysisBackends | None = None,
         metrics: OperatorMetrics | None = None,
-        calibrator_image: str | None = None,
+        policy: Policy | None = None,
     ) -> None:
         self.kube = kube
         self.clock = clock
         self.backends = backends
         self.metrics = metrics
-        # The operator's default calibration image (chart value jobImages.calibrator), applied at the boundary to
-        # specs that name none, so the pure core only ever sees a complete spec.
-        self.calibrator_image = calibrator_image
+        # The security policy (chart values policy.*); its calibrator image (chart value jobImages.calibrator) is
+        # applied at the boundary to specs that name none, so the pure core only ever sees a complete spec.
+        self.policy = policy or Policy()
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """One pass; returns seconds until the next one (None: only when something changes)."""
@@ -137,8 +138,8 @@ class Reconciler:
             return None
         now = self.clock()
         spec, spec_error = parse_spec(obj)
-        if spec is not None and self.calibrator_image and not spec.calibration.job.image:
-            job = spec.calibration.job.model_copy(update={"image": self.calibrator_image})
+        if spec is not None and not spec.calibration.job.image:
+            job = spec.calibration.job.model_copy(update={"image": self.policy.calibrator_image})
             spec = spec.model_copy(update={"calibration": spec.calibration.model_copy(update={"job": job})})
         status = parse_status(obj)
         owner = Owner(name, namespace, obj["metadata"]["uid"])
@@ -180,7 +181,8 @@ class Reconciler:
         meta = obj["metadata"]
         annotations: Mapping[str, str] = meta.get("annotations") or {}
         gates = {k: v for k, v in annotations.items() if k in GATE_ANNOTATIONS and v}
-        base = Observations(owner=owner, generation=int(meta.get("generation", 1)), gates=gates, spec_error=spec_error)
+        generation = int(meta.get("generation", 1))
+        base = Observations(owner, generation, gates=gates, spec_error=spec_error, policy=self.policy)
         if spec is None:
             return base
         ns, h, needs = owner.namespace, spec_hash(spec), OBSERVES[status.phase]
@@ -205,6 +207,7 @@ class Reconciler:
             canary=deployment("canary", canary_name(owner.name)),
             baseline=deployment("baseline", baseline.deployment),
             baseline_service=self.kube.get("Service", ns, baseline.service) if "baseline_service" in needs else None,
+            policy=self.policy,
         )
         if measurement_due(spec.analysis, status, now):
             target = self._target(owner, spec)

@@ -16,6 +16,7 @@ from kvcal.core.manifests.common import (
     Manifest,
     Owner,
     canary_name,
+    container_security_context,
     label_value,
     metadata,
     volumes_and_mounts,
@@ -97,9 +98,22 @@ def _fp8_pod_spec(baseline: Manifest, spec: KVCalibrationSpec) -> Manifest:
     volumes, mounts = volumes_and_mounts([(checkpoint, False)])
     index = baseline_container_index(baseline, spec.serving.baseline.container)
     pod["containers"][index] = fp8_container(pod["containers"][index], spec, checkpoint.path, mounts)
+    _harden(pod, index)
     existing = {v["name"] for v in pod.get("volumes") or []}
     pod["volumes"] = [*(pod.get("volumes") or []), *(v for v in volumes if v["name"] not in existing)]
     return pod
+
+
+def _harden(pod: Manifest, index: int) -> None:
+    """Where the baseline sets no securityContext, the canary (and so the promoted baseline) gets one that takes
+    nothing vLLM uses: no privilege escalation, no capabilities, the runtime's seccomp profile. A baseline's own
+    securityContext is kept as is. No non-root user is forced: the vLLM image runs as root unless the baseline says
+    otherwise, and the canary must start wherever the baseline does (docs/security.md)."""
+    if not pod.get("securityContext"):
+        pod["securityContext"] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    container = pod["containers"][index]
+    if not container.get("securityContext"):
+        container["securityContext"] = container_security_context()
 
 
 def canary_selector_labels(owner: Owner) -> dict[str, str]:

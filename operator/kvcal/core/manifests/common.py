@@ -97,7 +97,19 @@ def pod_security_context() -> Manifest:
 
 
 def container_security_context() -> Manifest:
+    """No privilege escalation, no capabilities: every container the operator writes (the Jobs add a read-only root)."""
     return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def clean_path(path: str, *, field: str) -> str:
+    """`path` with empty and `.` segments dropped ('/a//b/./' -> '/a/b', 'a/' -> 'a'), so equal folders compare equal.
+
+    A `..` segment is refused, never resolved: it could climb out of a folder a check has just allowed.
+    """
+    segments = [s for s in path.split("/") if s not in ("", ".")]
+    if ".." in segments:
+        raise ValueError(f"{field}: {path!r} has a '..' path segment; name the folder without '..'")
+    return ("/" if path.startswith("/") else "") + "/".join(segments)
 
 
 _DNS_UNSAFE = re.compile(r"[^a-z0-9-]+")
@@ -116,12 +128,14 @@ class Location:
     path: str
     volume: Manifest | None
     mount_path: str | None
+    sub_path: str = ""  # the folder or file inside the volume ('' = the whole volume)
 
 
 def locate(uri: str, *, field: str, directory: bool = True, writable: bool = False) -> Location:
     """Map pvc://CLAIM/PATH, hostpath:///PATH, configmap://NAME/KEY or s3://BUCKET/KEY to a volume and a path.
 
-    Each volume is mounted under /kvcal/<kind>/...; a file on a hostPath mounts its parent directory.
+    Each volume is mounted under /kvcal/<kind>/...; a file on a hostPath mounts its parent directory. Paths are
+    cleaned first (clean_path): the policy checks and the mounts see the same folder.
     """
     scheme, sep, rest = uri.partition("://")
     if not sep:
@@ -129,16 +143,18 @@ def locate(uri: str, *, field: str, directory: bool = True, writable: bool = Fal
     if scheme == "s3":
         return Location(uri, uri, None, None)
     if scheme == "pvc":
-        claim, _, sub = rest.partition("/")
+        claim, _, raw_sub = rest.partition("/")
         if not claim:
             raise ValueError(f"{field}: {uri!r} names no claim; use pvc://CLAIM/PATH")
+        sub = clean_path(raw_sub, field=field)
         mount = f"/kvcal/pvc/{claim}"
         volume = {"name": _volume_name("pvc", claim), "persistentVolumeClaim": {"claimName": claim}}
-        return Location(uri, posixpath.join(mount, sub) if sub else mount, volume, mount)
+        return Location(uri, posixpath.join(mount, sub) if sub else mount, volume, mount, sub)
     if scheme == "hostpath":
         if not rest.startswith("/"):
             raise ValueError(f"{field}: {uri!r} must be absolute; use hostpath:///ABSOLUTE/PATH")
-        host_dir = rest.rstrip("/") if directory else posixpath.dirname(rest)
+        rest = clean_path(rest, field=field)
+        host_dir = rest if directory else posixpath.dirname(rest)
         digest = hashlib.sha256(host_dir.encode()).hexdigest()[:8]
         mount = f"/kvcal/host/{digest}"
         host_path: dict[str, str] = {"path": host_dir}
@@ -151,6 +167,7 @@ def locate(uri: str, *, field: str, directory: bool = True, writable: bool = Fal
         name, _, key = rest.partition("/")
         if not name or not key:
             raise ValueError(f"{field}: {uri!r} must be configmap://NAME/KEY")
+        key = clean_path(key, field=field)
         mount = f"/kvcal/configmap/{name}"
         volume = {"name": _volume_name("cm", name), "configMap": {"name": name}}
         return Location(uri, posixpath.join(mount, key), volume, mount)
@@ -158,15 +175,30 @@ def locate(uri: str, *, field: str, directory: bool = True, writable: bool = Fal
 
 
 def volumes_and_mounts(locations: list[tuple[Location, bool]]) -> tuple[list[Manifest], list[Manifest]]:
-    """Deduplicated volumes and mounts for (location, writable) pairs; a volume written anywhere is mounted rw."""
+    """Volumes and mounts for (location, writable) pairs.
+
+    A volume only read is mounted once, whole and read-only. A volume written anywhere is mounted once per location,
+    through subPath, each mount read-only unless written: the output's claim may hold the model too, and the model
+    must stay read-only. Where two locations land on one mount path, read-only wins.
+    """
     volumes: dict[str, Manifest] = {}
-    mounts: dict[str, Manifest] = {}
+    uses: dict[str, list[tuple[Location, bool]]] = {}
     for loc, writable in locations:
         if loc.volume is None or loc.mount_path is None:
             continue
-        name = loc.volume["name"]
-        volumes[name] = loc.volume
-        previous = mounts.get(name)
-        read_only = not writable and (previous is None or previous["readOnly"])
-        mounts[name] = {"name": name, "mountPath": loc.mount_path, "readOnly": read_only}
+        volumes[loc.volume["name"]] = loc.volume
+        uses.setdefault(loc.volume["name"], []).append((loc, writable))
+    mounts: dict[str, Manifest] = {}  # by mountPath
+    for name, entries in uses.items():
+        if not any(writable for _, writable in entries):
+            mount_path = str(entries[0][0].mount_path)
+            mounts[mount_path] = {"name": name, "mountPath": mount_path, "readOnly": True}
+            continue
+        for loc, writable in entries:
+            mount: Manifest = {"name": name, "mountPath": str(loc.mount_path), "readOnly": not writable}
+            if loc.sub_path:
+                mount.update(mountPath=posixpath.join(str(loc.mount_path), loc.sub_path), subPath=loc.sub_path)
+            previous = mounts.get(mount["mountPath"])
+            mount["readOnly"] = mount["readOnly"] or (previous is not None and previous["readOnly"])
+            mounts[mount["mountPath"]] = mount
     return list(volumes.values()), list(mounts.values())

@@ -122,7 +122,8 @@ def _container(name: str, image: str, command: list[str], mounts: list[Manifest]
             {"name": "PYTHONUNBUFFERED", "value": "1"},
         ],
         "resources": resources,
-        "securityContext": container_security_context(),
+        # Writes go to the output mount and to /tmp (an emptyDir holding HOME and every cache), nowhere else.
+        "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [*mounts, {"name": "kvcal-scratch", "mountPath": SCRATCH_MOUNT}],
