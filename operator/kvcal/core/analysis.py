@@ -5,13 +5,13 @@
   Inconclusive — never Successful.
 - ``interval_phase`` folds one interval's measurements: Failed > Error > Inconclusive > Successful.
 - ``assess_run`` updates the counters and decides:
-  * Failed when ``failures`` reaches ``failureLimit`` (total, not consecutive: flapping cannot hide a regression),
-    when ``consecutiveErrors`` reaches ``consecutiveErrorLimit`` (metrics unreadable), or when ``inconclusive``
-    reaches ``inconclusiveLimit`` (e.g. no traffic: the canary cannot be shown to be safe, so it is not promoted);
+  * Failed when ``failures`` exceeds ``failureLimit`` (total, not consecutive: flapping cannot hide a regression),
+    when ``consecutiveErrors`` exceeds ``consecutiveErrorLimit`` (metrics unreadable), or when ``inconclusive``
+    exceeds ``inconclusiveLimit`` (e.g. no traffic: the canary cannot be shown to be safe, so it is not promoted);
   * Passed when ``consecutiveSuccesses`` reaches ``successfulIntervals``; any other interval resets that streak;
   * Running otherwise.
-  Limits are "reached" counts, so ``failureLimit: 2`` rolls back on the second failed interval (limits below 1
-  act as 1).
+  Limits are counts tolerated, as in Argo Rollouts: ``failureLimit: 1`` tolerates one failed interval and rolls
+  back on the second; ``failureLimit: 0`` rolls back on the first.
 """
 
 import math
@@ -243,18 +243,18 @@ def _why(measurements: list[Measurement], phase: str) -> str:
     return "; ".join(parts[:4])
 
 
-def decide(spec: AnalysisSpec, status: AnalysisStatus, last: list[Measurement]) -> tuple[Outcome, str]:
+def run_outcome(spec: AnalysisSpec, status: AnalysisStatus, last: list[Measurement]) -> tuple[Outcome, str]:
     """Outcome of the counters alone; ``last`` only explains a failure."""
-    if status.failures >= max(1, spec.failure_limit):
+    if status.failures > spec.failure_limit:
         return "Failed", f"FailureLimit: {status.failures} failed intervals (limit {spec.failure_limit}). " + _why(
             last, "Failed"
         )
-    if status.consecutive_errors >= max(1, spec.consecutive_error_limit):
+    if status.consecutive_errors > spec.consecutive_error_limit:
         return "Failed", (
             f"ConsecutiveErrorLimit: {status.consecutive_errors} intervals in a row without readable metrics "
             f"(limit {spec.consecutive_error_limit}). " + _why(last, "Error")
         )
-    if status.inconclusive >= max(1, spec.inconclusive_limit):
+    if status.inconclusive > spec.inconclusive_limit:
         return "Failed", (
             f"InconclusiveLimit: {status.inconclusive} inconclusive intervals (limit {spec.inconclusive_limit}); "
             "the canary could not be shown to be safe. " + _why(last, "Inconclusive")
@@ -263,8 +263,8 @@ def decide(spec: AnalysisSpec, status: AnalysisStatus, last: list[Measurement]) 
         return "Passed", f"{status.consecutive_successes} consecutive successful intervals"
     return "Running", (
         f"{status.consecutive_successes}/{spec.successful_intervals} successful intervals in a row, "
-        f"{status.failures}/{spec.failure_limit} failed, {status.inconclusive}/{spec.inconclusive_limit} inconclusive, "
-        f"{status.consecutive_errors}/{spec.consecutive_error_limit} errors in a row"
+        f"{status.failures} failed (limit {spec.failure_limit}), {status.inconclusive} inconclusive (limit "
+        f"{spec.inconclusive_limit}), {status.consecutive_errors} errors in a row (limit {spec.consecutive_error_limit})"
     )
 
 
@@ -272,7 +272,7 @@ def assess_run(spec: AnalysisSpec, status: AnalysisStatus, new: list[Measurement
     """Fold one interval's measurements into the run; ``new == []`` re-evaluates the counters only."""
     phase = interval_phase(new)
     if phase is None:
-        outcome, reason = decide(spec, status, status.measurements)
+        outcome, reason = run_outcome(spec, status, status.measurements)
         return AnalysisVerdict(status=status, outcome=outcome, reason=reason)
     at = timestamp(now)
     updated = status.model_copy(
@@ -284,5 +284,5 @@ def assess_run(spec: AnalysisSpec, status: AnalysisStatus, new: list[Measurement
             "measurements": [*status.measurements, *new][-MAX_MEASUREMENTS:],
         }
     )
-    outcome, reason = decide(spec, updated, new)
+    outcome, reason = run_outcome(spec, updated, new)
     return AnalysisVerdict(status=updated, outcome=outcome, reason=reason, interval=phase)

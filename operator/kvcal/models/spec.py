@@ -111,9 +111,10 @@ class AnalysisSpec(Model):
     warmup: str = "120s"
     min_requests: int = 50
     successful_intervals: int = 5
-    failure_limit: int = 2
-    inconclusive_limit: int = 3
-    consecutive_error_limit: int = 4
+    # Intervals tolerated, as in Argo Rollouts: one more rolls back (core/analysis.py).
+    failure_limit: int = 1
+    inconclusive_limit: int = 2
+    consecutive_error_limit: int = 3
     max_error_rate: float = 0.01
     latency: list[LatencyCheck] = Field(default_factory=_default_latency)
     quality: QualitySpec = QualitySpec()
