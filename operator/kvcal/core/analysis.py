@@ -263,8 +263,9 @@ def run_outcome(spec: AnalysisSpec, status: AnalysisStatus, last: list[Measureme
         return "Passed", f"{status.consecutive_successes} consecutive successful intervals"
     return "Running", (
         f"{status.consecutive_successes}/{spec.successful_intervals} successful intervals in a row, "
-        f"{status.failures} failed (limit {spec.failure_limit}), {status.inconclusive} inconclusive (limit "
-        f"{spec.inconclusive_limit}), {status.consecutive_errors} errors in a row (limit {spec.consecutive_error_limit})"
+        f"{status.failures} failed (limit {spec.failure_limit}), {status.inconclusive} inconclusive "
+        f"(limit {spec.inconclusive_limit}), {status.consecutive_errors} errors in a row "
+        f"(limit {spec.consecutive_error_limit})"
     )
 
 
