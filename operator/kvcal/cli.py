@@ -10,6 +10,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "calibrate": ("kvcal.calibrator.cli", "calibrate FP8 KV-cache scales for a checkpoint (llm-compressor)"),
     "verify": ("kvcal.verify.cli", "check a calibrated checkpoint statically, or read its scales back from vLLM"),
     "compare": ("kvcal.compare.cli", "serve BF16 / FP8 default / FP8 calibrated on vLLM and compare them"),
+    "validate": ("kvcal.validate", "lint KVCalibration YAML files offline with the API server's rules (CI)"),
     "operator": ("kvcal.handlers.cli", "run the operator against the current kubeconfig"),
     "status": ("kvcal.ctl", "show a KVCalibration as a tree: phase, steps, weights, measurements"),
     "promote": ("kvcal.ctl", "promote a KVCalibration waiting in AwaitingPromotion"),

@@ -34,6 +34,7 @@ from kvcal.core.observations import (
 )
 from kvcal.core.spechash import spec_hash
 from kvcal.metrics import OperatorMetrics
+from kvcal.models.errors import describe
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import TERMINAL_PHASES, KVCalibrationStatus, Measurement
 from kvcal.ports import AnalysisBackends, Conflict, Kube, Manifest, Target
@@ -46,8 +47,7 @@ def parse_spec(obj: Manifest) -> tuple[KVCalibrationSpec | None, str | None]:
     try:
         return KVCalibrationSpec.model_validate(obj.get("spec") or {}), None
     except ValidationError as e:
-        problems = [f"spec.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()]
-        return None, "; ".join(problems)[:1024]
+        return None, "; ".join(describe(e))[:1024]
 
 
 def parse_status(obj: Manifest) -> KVCalibrationStatus:
