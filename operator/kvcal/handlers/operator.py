@@ -30,7 +30,8 @@ MAX_ERROR_BACKOFF = 60.0
 
 @dataclass
 class Wakers:
-    """One asyncio.Event per KVCalibration, set by watch events to cut a daemon's sleep short."""
+    """One asyncio.Event per KVCalibration, set by watch events to cut a daemon's sleep short. Call wake() on the
+    event loop only (from async handlers): asyncio.Event is not thread-safe."""
 
     events: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
 
@@ -116,16 +117,18 @@ def build_registry(reconciler: Reconciler, wakers: Wakers, api: client.ApiClient
         finally:
             wakers.events.pop((namespace, name), None)
 
+    # The wake handlers are async so kopf runs them on the event loop: asyncio.Event is not thread-safe, and a sync
+    # handler (run in an executor thread) that sets it leaves the sleeping daemon's waiter unscheduled.
     @kopf.on.event(GROUP, VERSION, PLURAL, id="kvcal-wake-self", registry=registry)
-    def wake_self(name: str, namespace: str | None, **_: Any) -> None:
+    async def wake_self(name: str, namespace: str | None, **_: Any) -> None:
         wakers.wake(namespace, name)
 
     @kopf.on.event("batch", "v1", "jobs", labels=managed, id="kvcal-wake-jobs", registry=registry)
-    def wake_from_job(body: kopf.Body, namespace: str | None, **_: Any) -> None:
+    async def wake_from_job(body: kopf.Body, namespace: str | None, **_: Any) -> None:
         wakers.wake(namespace, _owner_of(body))
 
     @kopf.on.event("apps", "v1", "deployments", labels=managed, id="kvcal-wake-canary", registry=registry)
-    def wake_from_canary(body: kopf.Body, namespace: str | None, **_: Any) -> None:
+    async def wake_from_canary(body: kopf.Body, namespace: str | None, **_: Any) -> None:
         wakers.wake(namespace, _owner_of(body))
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, id="kvcal-cleanup", registry=registry)
