@@ -17,10 +17,11 @@
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from statistics import NormalDist
 from typing import Literal
 
+from kvcal.core.timestamps import parse_rfc3339, rfc3339
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
 from kvcal.models.status import MAX_MEASUREMENTS, AnalysisStatus, Measurement
 
@@ -44,10 +45,6 @@ class AnalysisVerdict:
 class RequestCounts:
     baseline: float | None
     canary: float | None
-
-
-def timestamp(now: datetime) -> str:
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def is_missing(value: float | None) -> bool:
@@ -103,7 +100,7 @@ def query_window_seconds(spec: AnalysisSpec, status: AnalysisStatus, now: dateti
     interval = spec.interval_seconds
     if status.started_at is None:
         return interval
-    started = datetime.strptime(status.started_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    started = parse_rfc3339(status.started_at)
     since_first = (now - started).total_seconds() - spec.warmup_seconds
     return max(interval, min(since_first + interval, intervals * interval))
 
@@ -275,7 +272,7 @@ def assess_run(spec: AnalysisSpec, status: AnalysisStatus, new: list[Measurement
     if phase is None:
         outcome, reason = run_outcome(spec, status, status.measurements)
         return AnalysisVerdict(status=status, outcome=outcome, reason=reason)
-    at = timestamp(now)
+    at = rfc3339(now)
     updated = status.model_copy(
         update={
             **_counters(status, phase),

@@ -13,7 +13,7 @@ from datetime import datetime
 
 from pydantic import ValidationError
 
-from kvcal.core.analysis import error_measurement, timestamp
+from kvcal.core.analysis import error_measurement
 from kvcal.core.decide import OBSERVES, decide, measurement_due
 from kvcal.core.endpoints import probe_urls
 from kvcal.core.manifests import Owner, calibration_job_name, canary_name, verification_job_name
@@ -33,6 +33,7 @@ from kvcal.core.observations import (
     SetWeight,
 )
 from kvcal.core.spechash import spec_hash
+from kvcal.core.timestamps import parse_rfc3339, rfc3339
 from kvcal.metrics import OperatorMetrics
 from kvcal.models.errors import describe
 from kvcal.models.spec import KVCalibrationSpec
@@ -165,7 +166,7 @@ class Reconciler:
         if self.metrics:
             self.metrics.set_phase(owner.namespace, owner.name, decision.status.phase)
             if decision.status.phase != before.phase and before.phase_started_at:
-                started = datetime.fromisoformat(before.phase_started_at.replace("Z", "+00:00"))
+                started = parse_rfc3339(before.phase_started_at)
                 self.metrics.phase_left(before.phase, (now - started).total_seconds())
 
     def observe(
@@ -232,14 +233,14 @@ class Reconciler:
             try:
                 out += metrics.measure(analysis, analysis.interval_seconds)
             except Exception as e:
-                out.append(error_measurement("prometheus", f"{type(e).__name__}: {e}", at=timestamp(now)))
+                out.append(error_measurement("prometheus", f"{type(e).__name__}: {e}", at=rfc3339(now)))
         probes = self.backends.probes(target)
         if probes is not None:
             try:
                 baseline_url, canary_url = self.probe_urls(target)
                 out += probes.run(analysis, baseline_url, canary_url)
             except Exception as e:
-                out.append(error_measurement("probes", f"{type(e).__name__}: {e}", at=timestamp(now)))
+                out.append(error_measurement("probes", f"{type(e).__name__}: {e}", at=rfc3339(now)))
         return out
 
     def probe_urls(self, target: Target) -> tuple[str, str]:
