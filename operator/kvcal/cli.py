@@ -23,7 +23,7 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvcal",
         description="Calibrate, verify and safely roll out FP8 KV-cache quantization on vLLM.",
-        epilog="commands:\n" + "\n".join(f"  {n:<10} {h}" for n, (_, h) in SUBCOMMANDS.items()),
+        epilog="commands:\n" + "\n".join(f"  {name:<10} {summary}" for name, (_, summary) in SUBCOMMANDS.items()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -35,7 +35,7 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
-    command = next((a for a in args_in if not a.startswith("-")), None)
+    command = next((arg for arg in args_in if not arg.startswith("-")), None)
     parser = build_parser(command)
     args = parser.parse_args(args_in)
     if not getattr(args, "func", None):

@@ -40,7 +40,7 @@ def test_status_tree_shows_phase_steps_weights_and_the_last_interval() -> None:
     assert lines[0] == "KVCalibration prod/llama (generation 3, observed 3)"
     assert "├─ Phase: Analyzing" in text
     assert "router: replicas, steps: 10%, 50%, step 1/2, weight now 10%" in text
-    assert "failed: 1/2" in text and "TTFT p95 delta: +12.0%" in text
+    assert "failed: 1 (tolerates 2)" in text and "TTFT p95 delta: +12.0%" in text
     last = text[text.index("Last measurements") :]
     assert "ttft-p95        Failed       baseline   200.0ms  canary   224.0ms  limit 220.0ms" in last
     assert "errorRate" in last and "0.20%" in last and "accuracy" in last

@@ -79,16 +79,16 @@ def quantile_from_buckets(q: float, buckets: Sequence[tuple[float, float]]) -> f
     if total <= 0 or math.isnan(total):
         return None
     rank = q * total
-    i = next(i for i, (_, c) in enumerate(cumulative) if c >= rank)
-    upper, c_hi = cumulative[i]
+    index = next(index for index, (_, count) in enumerate(cumulative) if count >= rank)
+    upper, c_hi = cumulative[index]
     if math.isinf(upper):
-        return cumulative[i - 1][0] if i > 0 else None
-    lower, c_lo = cumulative[i - 1] if i > 0 else (0.0, 0.0)
+        return cumulative[index - 1][0] if index > 0 else None
+    lower, c_lo = cumulative[index - 1] if index > 0 else (0.0, 0.0)
     f_lo, f_hi = c_lo / total, c_hi / total
     if lower <= 0 or f_lo <= 0 or f_hi >= 1 or c_hi <= c_lo:
         return lower + (upper - lower) * (rank - c_lo) / max(c_hi - c_lo, 1e-300)
-    z = NormalDist().inv_cdf
-    fraction = (z(q) - z(f_lo)) / (z(f_hi) - z(f_lo))
+    probit = NormalDist().inv_cdf
+    fraction = (probit(q) - probit(f_lo)) / (probit(f_hi) - probit(f_lo))
     return math.exp(math.log(lower) + (math.log(upper) - math.log(lower)) * fraction)
 
 
@@ -208,7 +208,7 @@ def _finite(value: float | None) -> float | None:
 
 def interval_phase(measurements: Iterable[Measurement]) -> MeasurementPhase | None:
     """Worst phase among gating measurements; None when there is nothing to judge."""
-    gating = [m for m in measurements if m.metric not in INFORMATIONAL_METRICS]
+    gating = [measurement for measurement in measurements if measurement.metric not in INFORMATIONAL_METRICS]
     if not gating:
         return None
     worst = max(gating, key=lambda m: _SEVERITY[m.phase])
@@ -217,9 +217,10 @@ def interval_phase(measurements: Iterable[Measurement]) -> MeasurementPhase | No
 
 def _ttft_delta(new: list[Measurement], previous: str | None) -> str | None:
     """The p95 TTFT delta (status.analysis.ttftP95Delta, a printer column); other quantiles never stand in for it."""
-    for m in new:
-        if m.metric == "ttft-p95" and m.baseline and m.canary is not None and m.phase != "Error":
-            return f"{(m.canary / m.baseline - 1) * 100:+.1f}%"
+    for measurement in new:
+        baseline, canary = measurement.baseline, measurement.canary
+        if measurement.metric == "ttft-p95" and baseline and canary is not None and measurement.phase != "Error":
+            return f"{(canary / baseline - 1) * 100:+.1f}%"
     return previous
 
 
@@ -236,7 +237,7 @@ def _counters(status: AnalysisStatus, phase: MeasurementPhase) -> dict[str, int]
 
 
 def _why(measurements: list[Measurement], phase: str) -> str:
-    parts = [f"{m.metric}: {m.message or m.phase}" for m in measurements if m.phase == phase]
+    parts = [f"{each.metric}: {each.message or each.phase}" for each in measurements if each.phase == phase]
     return "; ".join(parts[:4])
 
 

@@ -33,11 +33,11 @@ PER_HEAD_BACKENDS = frozenset({"FLASH_ATTN"})
 
 def parse_duration(value: str) -> float:
     """'90s', '2m', '1h30m' -> seconds. Raises ValueError naming the accepted form."""
-    m = _DURATION.match(value.strip())
-    if not value.strip() or m is None or not any(m.groups()):
+    match = _DURATION.match(value.strip())
+    if not value.strip() or match is None or not any(match.groups()):
         raise ValueError(f"invalid duration {value!r}: use e.g. '30s', '2m', '1h30m'")
-    h, mi, s = (int(g) if g else 0 for g in m.groups())
-    return float(h * 3600 + mi * 60 + s)
+    hours, minutes, seconds = (int(group) if group else 0 for group in match.groups())
+    return float(hours * 3600 + minutes * 60 + seconds)
 
 
 class SpecModel(Model):
