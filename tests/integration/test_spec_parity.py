@@ -26,9 +26,9 @@ def dry_run(control_plane: Cluster, crd_installed: str) -> Iterator[Any]:
 
     def create(document: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
         try:
-            created = api.create_namespaced_custom_object(
+            created: dict[str, Any] = api.create_namespaced_custom_object(
                 GROUP, VERSION, "spec-parity", PLURAL, document, dry_run="All", field_validation="Strict"
-            )
+            )  # type: ignore[assignment]
             return created, ""
         except ApiException as error:
             if error.status != 422 and "strict decoding error" not in str(error.body):

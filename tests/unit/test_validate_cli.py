@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -20,8 +21,8 @@ def kvcal_validate(*files: str | Path, stdin: str | None = None) -> subprocess.C
     )  # fmt: skip
 
 
-def bad_copy(name: str, **calibration: object) -> dict[str, object]:
-    doc = yaml.safe_load(yaml.safe_dump(MINIMAL))
+def bad_copy(name: str, **calibration: object) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(yaml.safe_dump(MINIMAL))
     doc["metadata"]["name"] = name
     doc["spec"]["calibration"].update(calibration)
     return doc
