@@ -5,7 +5,12 @@ from typing import Any
 import pytest
 
 from kvcal.adapters.router import weighted_rules
-from kvcal.ctl import render_status
+from kvcal.core.decide import decide
+from kvcal.core.spechash import spec_hash
+from kvcal.ctl import ACTS_IN, ANNOTATIONS, render_status
+from kvcal.models.status import CalibrationStatus, KVCalibrationStatus, Phase
+from tests.unit.test_decide_support import NOW, observations
+from tests.unit.test_decide_support import spec as make_spec
 
 OBJ: dict[str, Any] = {
     "metadata": {"name": "llama", "namespace": "prod", "generation": 3},
@@ -77,3 +82,14 @@ def test_weighted_rules_adds_and_removes_the_canary_backend() -> None:
 def test_weighted_rules_rejects_bad_input(service: str, weight: int, error: str) -> None:
     with pytest.raises(ValueError, match=error):
         weighted_rules(RULES, service, "c", weight)
+
+
+@pytest.mark.parametrize("phase", list(Phase))
+@pytest.mark.parametrize(("action", "ignored"), [("abort", "AbortIgnored"), ("retry", "RetryIgnored")])
+def test_ctl_says_the_operator_acts_exactly_where_decide_does(phase: Phase, action: str, ignored: str) -> None:
+    """`kvcal abort|retry` warns when the phase will not act on it; decide() is what acts."""
+    spec = make_spec()
+    start = KVCalibrationStatus(phase=phase, calibration=CalibrationStatus(job="j", spec_hash=spec_hash(spec)))
+    decision = decide(spec, start, observations(gates={ANNOTATIONS[action]: "now"}), NOW)
+    acted = ignored not in [event.reason for event in decision.events]
+    assert acted == (phase in ACTS_IN[action])
