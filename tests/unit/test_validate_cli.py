@@ -60,13 +60,15 @@ def test_output_over_the_source_and_unknown_fields_from_stdin() -> None:
     same = bad_copy("same", output=MINIMAL["spec"]["model"]["source"])
     typo = bad_copy("typo", sample=64)
     typo["apiVersion"] = "kvcal.dev/v1"
-    proc = kvcal_validate("-", stdin=yaml.safe_dump_all([same, typo]))
+    head = bad_copy("head", strategy="head")
+    proc = kvcal_validate("-", stdin=yaml.safe_dump_all([same, typo, head]))
     assert proc.returncode == 1
     assert "-: document 1 (KVCalibration same): spec.calibration.output: must differ from spec.model.source" in (
         proc.stdout
     )
     assert "document 2 (KVCalibration typo): apiVersion: 'kvcal.dev/v1' is not served" in proc.stdout
     assert "document 2 (KVCalibration typo): spec.calibration.sample: Extra inputs are not permitted" in proc.stdout
+    assert "document 3 (KVCalibration head): spec.calibration.strategy: 'head' needs" in proc.stdout
 
 
 def test_unreadable_files_fail(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ def describe(error: ValidationError, root: str = "spec") -> list[str]:
         path = field_path(tuple(problem["loc"]), root)
         message = problem["msg"].removeprefix("Value error, ")
         named, _, rest = message.partition(" ")
+        named = named.rstrip(":")
         if named.replace("[]", "") == re.sub(r"\[\d+\]", "", path):
             lines.append(f"{path}: {rest}")
         elif named.startswith(f"{root}."):  # a rule of the enclosing object naming one of its fields

@@ -9,7 +9,6 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from kvcal.models.base import Model
 
-_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 # The CRD's patterns (OpenAPI `pattern` and CEL `matches`), one constant each.
 DURATION_PATTERN = r"^([0-9]+h)?([0-9]+m)?([0-9]+s)?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -24,6 +23,7 @@ DATASET_PATTERN = (
 PROMETHEUS_URL_PATTERN = r"^https?://[^\s/]+(/\S*)?$"
 ATTENTION_BACKEND_PATTERN = r"^[A-Z][A-Z0-9_]*$"
 MIN_INTERVAL_SECONDS = 1.0
+_DURATION = re.compile(DURATION_PATTERN)
 
 # Observer names as the CRD spells them -> llm-compressor's names.
 OBSERVERS: dict[str, str] = {"static-minmax": "static_minmax", "minmax": "minmax", "mse": "mse"}
@@ -36,7 +36,7 @@ def parse_duration(value: str) -> float:
     match = _DURATION.match(value.strip())
     if not value.strip() or match is None or not any(match.groups()):
         raise ValueError(f"invalid duration {value!r}: use e.g. '30s', '2m', '1h30m'")
-    hours, minutes, seconds = (int(group) if group else 0 for group in match.groups())
+    hours, minutes, seconds = (int(group[:-1]) if group else 0 for group in match.groups())  # "90s" -> 90
     return float(hours * 3600 + minutes * 60 + seconds)
 
 
