@@ -136,39 +136,41 @@ def kvcal_decider(spec: AnalysisSpec, width: int, estimator: Estimator = kvcal_q
     """kvcal's core decides; the window grows with the analysis up to ``width`` intervals (query_window_seconds)."""
     check = spec.latency[0]
 
-    def decide(sim: Simulation, run: int) -> tuple[str, int]:
+    def roll_out(sim: Simulation, run: int) -> tuple[str, int]:
         status = AnalysisStatus()
-        for i in range(MAX_INTERVALS):
-            b, c, nb, nc = sim.window(run, i, min(i + 1, width), estimator)
-            at = f"t{i}"
-            m = assess_latency(check, b, c, requests=RequestCounts(nb, nc), min_requests=spec.min_requests, at=at)
-            verdict = assess_run(spec, status, [m], NOW)
+        for interval in range(MAX_INTERVALS):
+            baseline, canary, n_base, n_canary = sim.window(run, interval, min(interval + 1, width), estimator)
+            requests = RequestCounts(n_base, n_canary)
+            measurement = assess_latency(
+                check, baseline, canary, requests=requests, min_requests=spec.min_requests, at=f"t{interval}"
+            )
+            verdict = assess_run(spec, status, [measurement], NOW)
             status = verdict.status
             if verdict.outcome != "Running":
-                return verdict.outcome, i + 1
+                return verdict.outcome, interval + 1
         return "Undecided", MAX_INTERVALS
 
-    return decide
+    return roll_out
 
 
 def flagger_decider(max_p95: float, threshold: int = 2, iterations: int = 5, min_requests: int = 50) -> Decider:
-    def decide(sim: Simulation, run: int) -> tuple[str, int]:
+    def roll_out(sim: Simulation, run: int) -> tuple[str, int]:
         failed = passed = 0
-        for i in range(MAX_INTERVALS):
-            _, c, _, nc = sim.window(run, i, 1, histogram_quantile)
-            if nc < min_requests or math.isnan(c):
+        for interval in range(MAX_INTERVALS):
+            _, canary, _, n_canary = sim.window(run, interval, 1, histogram_quantile)
+            if n_canary < min_requests or math.isnan(canary):
                 continue  # Flagger skips a check without data ("no values found" halts, it does not pass)
-            if c > max_p95:
+            if canary > max_p95:
                 failed += 1
-                if failed >= threshold:
-                    return "Failed", i + 1
+                if failed >= threshold:  # Flagger's own threshold: rolls back on reaching it
+                    return "Failed", interval + 1
             else:
                 passed += 1
                 if passed >= iterations:
-                    return "Passed", i + 1
+                    return "Passed", interval + 1
         return "Undecided", MAX_INTERVALS
 
-    return decide
+    return roll_out
 
 
 def evaluate(decider: Decider, regressed: Simulation, healthy: Simulation, runs: int) -> dict[str, float]:

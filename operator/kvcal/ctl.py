@@ -9,21 +9,27 @@ import argparse
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from pydantic import BaseModel, ValidationError
 
-from kvcal.models.status import KVCalibrationStatus, Measurement
+from kvcal.adapters.kube import GROUP, PLURAL, VERSION
+from kvcal.core.observations import ABORT_ANNOTATION, PROMOTE_ANNOTATION, RETRY_ANNOTATION
+from kvcal.core.phases import ACTIVE, RETRYABLE
+from kvcal.core.timestamps import rfc3339
+from kvcal.models.spec import AnalysisSpec, TrafficSpec
+from kvcal.models.status import Condition, KVCalibrationStatus, Measurement, Phase
 
-GROUP, VERSION, PLURAL = "kvcal.dev", "v1alpha1", "kvcalibrations"
-ANNOTATIONS = {"promote": "kvcal.dev/promote", "abort": "kvcal.dev/abort", "retry": "kvcal.dev/retry"}
+ANNOTATIONS = {"promote": PROMOTE_ANNOTATION, "abort": ABORT_ANNOTATION, "retry": RETRY_ANNOTATION}
 # Phases in which the operator acts on each annotation (others: it is kept until then, or ignored).
-ACTS_IN = {
-    "promote": {"AwaitingPromotion"},
-    "abort": {"Deploying", "Analyzing", "AwaitingPromotion", "Calibrating", "Verifying", "Pending"},
-    "retry": {"RolledBack", "Failed"},
+ACTS_IN: dict[str, frozenset[Phase]] = {
+    "promote": frozenset({Phase.AWAITING_PROMOTION}),
+    "abort": ACTIVE,
+    "retry": RETRYABLE,
 }
+SectionT = TypeVar("SectionT", bound=BaseModel)
 HELP = {
     "status": "show a KVCalibration as a tree: phase, conditions, steps, weights, last measurements",
     "promote": "promote a KVCalibration waiting in AwaitingPromotion",
@@ -68,70 +74,86 @@ def _value(metric: str, value: float | None) -> str:
     return f"{value:g}"
 
 
-def _measurement_line(m: Measurement) -> str:
-    limit = f"  limit {_value(m.metric, m.threshold)}" if m.threshold is not None else ""
-    base, canary = _value(m.metric, m.baseline), _value(m.metric, m.canary)
-    line = f"{m.metric:<15} {m.phase:<12} baseline {base:>9}  canary {canary:>9}"
-    return line + limit + (f"  ({m.message})" if m.message and m.phase != "Successful" else "")
+def _measurement_line(measurement: Measurement) -> str:
+    metric, threshold = measurement.metric, measurement.threshold
+    limit = f"  limit {_value(metric, threshold)}" if threshold is not None else ""
+    base, canary = _value(metric, measurement.baseline), _value(metric, measurement.canary)
+    line = f"{metric:<15} {measurement.phase:<12} baseline {base:>9}  canary {canary:>9}"
+    explained = measurement.message and measurement.phase != "Successful"
+    return line + limit + (f"  ({measurement.message})" if explained else "")
+
+
+def _condition_line(condition: Condition) -> str:
+    line = f"{condition.type:<15} {condition.status:<8} {condition.reason}"
+    return line + (f": {condition.message}" if condition.message else "")
 
 
 def last_interval(measurements: list[Measurement]) -> list[Measurement]:
     """The newest interval: walking back from the end until a metric repeats."""
     seen: set[str] = set()
     out: list[Measurement] = []
-    for m in reversed(measurements):
-        if m.metric in seen:
+    for measurement in reversed(measurements):
+        if measurement.metric in seen:
             break
-        seen.add(m.metric)
-        out.append(m)
+        seen.add(measurement.metric)
+        out.append(measurement)
     return out[::-1]
 
 
 def _tree(lines: list[tuple[str, list[str]]]) -> list[str]:
     """Sections with children drawn as a tree."""
     out: list[str] = []
-    for i, (head, children) in enumerate(lines):
-        last = i == len(lines) - 1
+    for index, (head, children) in enumerate(lines):
+        last = index == len(lines) - 1
         out.append(("└─ " if last else "├─ ") + head)
         pad = "   " if last else "│  "
-        out += [pad + ("└─ " if j == len(children) - 1 else "├─ ") + c for j, c in enumerate(children)]
+        out += [
+            pad + ("└─ " if position == len(children) - 1 else "├─ ") + child for position, child in enumerate(children)
+        ]
     return out
+
+
+def _section(model: type[SectionT], value: Any) -> SectionT:
+    """A spec section with the model's defaults; the defaults alone when it does not parse."""
+    try:
+        return model.model_validate(value or {})
+    except ValidationError:
+        return model()
 
 
 def render_status(obj: dict[str, Any]) -> str:
     """The tree `kvcal status` prints (pure: the object as the API serves it)."""
     meta, spec = obj.get("metadata", {}), obj.get("spec", {})
     st = KVCalibrationStatus.model_validate(obj.get("status") or {})
-    steps = (spec.get("serving", {}).get("traffic", {}) or {}).get("steps", [10, 50])
-    router = (spec.get("serving", {}).get("traffic", {}) or {}).get("router", "replicas")
-    a = st.analysis
-    analysis_spec = spec.get("analysis", {}) or {}
+    traffic = _section(TrafficSpec, (spec.get("serving") or {}).get("traffic"))
+    steps, router = traffic.steps, traffic.router
+    analysis = st.analysis
+    limits = _section(AnalysisSpec, spec.get("analysis"))
     sections: list[tuple[str, list[str]]] = [
         (f"Phase: {st.phase.value}" + (f"  since {st.phase_started_at}" if st.phase_started_at else ""),
          [st.message] if st.message else []),
-        ("Conditions", [f"{c.type:<15} {c.status:<8} {c.reason}" + (f": {c.message}" if c.message else "")
-                        for c in st.conditions]),
-        ("Calibration", [f"{k}: {v}" for k, v in st.calibration.to_wire().items()]),
-        ("Verification", [f"{k}: {v}" for k, v in st.verification.to_wire().items()]),
+        ("Conditions", [_condition_line(each) for each in st.conditions]),
+        ("Calibration", [f"{key}: {value}" for key, value in st.calibration.to_wire().items()]),
+        ("Verification", [f"{key}: {value}" for key, value in st.verification.to_wire().items()]),
         ("Canary", [
             f"deployment: {st.canary.deployment or '-'} (ready {st.canary.ready_replicas})",
-            f"router: {router}, steps: {', '.join(f'{s}%' for s in steps)}, "
+            f"router: {router}, steps: {', '.join(f'{step}%' for step in steps)}, "
             f"step {min(st.canary.step_index + 1, len(steps))}/{len(steps)}, weight now {st.canary.weight}%",
         ]),
         ("Analysis", [
-            f"successful in a row: {a.consecutive_successes}/{analysis_spec.get('successfulIntervals', 5)}",
-            f"failed: {a.failures}/{analysis_spec.get('failureLimit', 2)}, inconclusive: {a.inconclusive}/"
-            f"{analysis_spec.get('inconclusiveLimit', 3)}, errors in a row: {a.consecutive_errors}/"
-            f"{analysis_spec.get('consecutiveErrorLimit', 4)}",
-            f"TTFT p95 delta: {a.ttft_p95_delta or '-'}, last measured: {a.last_measured_at or '-'}",
+            f"successful in a row: {analysis.consecutive_successes}/{limits.successful_intervals}",
+            f"failed: {analysis.failures} (tolerates {limits.failure_limit}), inconclusive: {analysis.inconclusive} "
+            f"(tolerates {limits.inconclusive_limit}), errors in a row: {analysis.consecutive_errors} (tolerates "
+            f"{limits.consecutive_error_limit})",
+            f"TTFT p95 delta: {analysis.ttft_p95_delta or '-'}, last measured: {analysis.last_measured_at or '-'}",
         ]),
     ]  # fmt: skip
-    if a.measurements:
-        last = last_interval(a.measurements)
-        sections.append((f"Last measurements ({last[0].at})", [_measurement_line(m) for m in last]))
+    if analysis.measurements:
+        last = last_interval(analysis.measurements)
+        sections.append((f"Last measurements ({last[0].at})", [_measurement_line(measurement) for measurement in last]))
     if st.history:
-        sections.append(("History", [f"{h.at} {h.phase.value}: {h.reason}" for h in st.history[-5:]]))
-    sections = [(h, c) for h, c in sections if c or h.startswith("Phase")]
+        sections.append(("History", [f"{entry.at} {entry.phase.value}: {entry.reason}" for entry in st.history[-5:]]))
+    sections = [(head, children) for head, children in sections if children or head.startswith("Phase")]
     header = f"KVCalibration {meta.get('namespace', '?')}/{meta.get('name', '?')}"
     header += f" (generation {meta.get('generation', '?')}, observed {st.observed_generation or '-'})"
     return "\n".join([header, *_tree(sections)])
@@ -159,7 +181,7 @@ def annotate(action: str) -> Callable[[argparse.Namespace], int]:
             wanted = ", ".join(sorted(ACTS_IN[action]))
             print(f"note: phase is {phase}; the operator acts on {action} in {wanted}", file=sys.stderr)
         key = ANNOTATIONS[action]
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = rfc3339(datetime.now(UTC))
         api.patch_namespaced_custom_object(
             GROUP, VERSION, namespace, PLURAL, args.name, {"metadata": {"annotations": {key: now}}}
         )
@@ -170,9 +192,9 @@ def annotate(action: str) -> Callable[[argparse.Namespace], int]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    for command, func in (("status", status), *((a, annotate(a)) for a in ANNOTATIONS)):
-        p = sub.add_parser(command, help=HELP[command], description=HELP[command])
-        p.add_argument("name", metavar="NAME", help="the KVCalibration")
-        p.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig context's, else 'default')")
-        p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
-        p.set_defaults(func=func)
+    for command, func in (("status", status), *((action, annotate(action)) for action in ANNOTATIONS)):
+        parser = sub.add_parser(command, help=HELP[command], description=HELP[command])
+        parser.add_argument("name", metavar="NAME", help="the KVCalibration")
+        parser.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig context's, else 'default')")
+        parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+        parser.set_defaults(func=func)

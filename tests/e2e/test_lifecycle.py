@@ -9,6 +9,7 @@ Every phase is entered with its children held, the operator is restarted there, 
 
 import re
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ import pytest
 import yaml
 from kubernetes import config
 
-from kvcal.adapters.kube import KubeClient
+from kvcal.adapters.kube import MERGE_PATCH, KubeClient
 from kvcal.core.policy import Policy
 from kvcal.devenv.controlplane import free_port
 from kvcal.handlers.operator import OperatorOptions, run
@@ -441,3 +442,49 @@ def _strip_kv_scales(checkpoint: Path) -> None:
         kept = {k: v for k, v in tensors.items() if not k.endswith(("k_scale", "v_scale"))}
         assert len(kept) < len(tensors), f"no scales in {path}"
         save_file(kept, path, metadata={"format": "pt"})
+
+
+def test_a_job_finishing_wakes_the_operator_within_a_second(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Calibrating polls once a minute; the Job's watch event must cut that sleep short. kopf runs sync handlers in
+    executor threads, where asyncio.Event.set() is undefined behaviour: it works only while the executor's own
+    completion happens to wake the loop. asyncio's debug mode enforces the thread-safety contract, so the operator
+    runs in it here."""
+    w, name = world, "woken"
+    monkeypatch.setenv("PYTHONASYNCIODEBUG", "1")
+    w.operator.restart()
+    model = tmp_path / "model"
+    model.mkdir()
+    for m in [*baseline(model, replicas=1), dataset_configmap()]:
+        w.apply(m)
+    w.kubelet.hold("calibration")
+    w.apply(kvcalibration(name, model, w.out))
+    job_name = w.wait_phase(name, "Calibrating", 30)["status"]["calibration"]["job"]
+    pod = wait_for(lambda: next(iter(w.kube.list("Pod", w.namespace, {"job-name": job_name})), None), 30, "the pod")
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    terminated = {"exitCode": 1, "reason": "Error", "message": "e2e: no model", "startedAt": now, "finishedAt": now}
+    status = {
+        "phase": "Failed",
+        "containerStatuses": [
+            {"name": c["name"], "image": c["image"], "imageID": "", "ready": False, "restartCount": 0,
+             "state": {"terminated": terminated}}
+            for c in pod["spec"]["containers"]
+        ],
+    }  # fmt: skip
+    w.kube.request(
+        "PATCH", "Pod", w.namespace, pod["metadata"]["name"], subresource="status", body={"status": status},
+        content_type=MERGE_PATCH,
+    )  # fmt: skip
+
+    def job_failed() -> bool:
+        job = w.kube.get("Job", w.namespace, job_name) or {}
+        return any(c["type"] == "Failed" and c["status"] == "True" for c in job.get("status", {}).get("conditions", []))
+
+    wait_for(job_failed, 60, "the Job controller to fail the Job", interval=0.02)
+    job_done = time.monotonic()
+    wait_for(lambda: w.phase(name) == "Failed", 60, "the KVCalibration to fail", interval=0.02)
+    delay = time.monotonic() - job_done
+    print(f"Job failed -> KVCalibration Failed in {delay:.2f}s")
+    assert delay < 1.0, f"the Job's completion reached the KVCalibration after {delay:.1f}s"
+    assert condition(w.kvcal(name), "Calibrated")["reason"] == "BackoffLimitExceeded"

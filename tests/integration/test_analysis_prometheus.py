@@ -100,9 +100,9 @@ def spec_for(server: PrometheusServer | None, **overrides: object) -> AnalysisSp
         "prometheus": PrometheusRef(address=server.url if server else "http://unused"),
         "min_requests": 50,
         "successful_intervals": 3,
-        "failure_limit": 2,
-        "inconclusive_limit": 3,
-        "consecutive_error_limit": 2,
+        "failure_limit": 1,
+        "inconclusive_limit": 2,
+        "consecutive_error_limit": 1,
         "latency": [LatencyCheck(metric="ttft"), LatencyCheck(metric="itl"), LatencyCheck(metric="e2e", quantile=0.99)],
     }
     values.update(overrides)

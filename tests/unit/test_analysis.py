@@ -160,7 +160,7 @@ def test_interval_phase_precedence_and_informational_metrics() -> None:
     assert interval_phase([]) is None
 
 
-SPEC = AnalysisSpec(successful_intervals=3, failure_limit=2, inconclusive_limit=3, consecutive_error_limit=2)
+SPEC = AnalysisSpec(successful_intervals=3, failure_limit=1, inconclusive_limit=2, consecutive_error_limit=1)
 
 
 def run(phases: list[str], spec: AnalysisSpec = SPEC) -> list[str]:
@@ -234,10 +234,15 @@ def test_error_measurement_is_counted_as_error() -> None:
     assert verdict.status.consecutive_errors == 1 and verdict.interval == "Error"
 
 
-def test_limits_below_one_act_as_one() -> None:
-    spec = AnalysisSpec(failure_limit=0)
-    assert assess_run(spec, AnalysisStatus(), [m("Successful")], NOW).outcome == "Running"
-    assert assess_run(spec, AnalysisStatus(), [m("Failed")], NOW).outcome == "Failed"
+LIMITS = {"failure_limit": "Failed", "inconclusive_limit": "Inconclusive", "consecutive_error_limit": "Error"}
+
+
+@pytest.mark.parametrize("limit", [0, 1, 3])
+@pytest.mark.parametrize(("field", "phase"), LIMITS.items())
+def test_a_limit_of_n_tolerates_n_intervals_and_the_next_rolls_back(field: str, phase: str, limit: int) -> None:
+    """Argo Rollouts' meaning, as the CRD documents it: limit N tolerates N such intervals; N + 1 rolls back."""
+    spec = AnalysisSpec(successful_intervals=100, **{field: limit})
+    assert run([phase] * (limit + 1), spec) == ["Running"] * limit + ["Failed"]
 
 
 # --- quantile estimate and query window ---------------------------------------------------------------------------

@@ -7,8 +7,9 @@ import pytest
 import yaml
 
 from kvcal.models.status import Phase
+from tests.support.prereq import require_module
 
-lupa = pytest.importorskip("lupa", reason="lupa (a dev extra) runs the Lua health check")
+lupa = require_module("lupa", "lupa (a dev extra) runs the Lua health check")
 
 ARGOCD = Path(__file__).resolve().parents[2] / "argocd"
 HEALTH_LUA = (ARGOCD / "health.lua").read_text()

@@ -3,9 +3,8 @@
 import json
 from pathlib import Path
 
-import pytest
-
 from kvcal.calibrator import report as R
+from tests.support.prereq import require_module
 
 
 def head(h: int, scale: float, clip_default: float) -> R.HeadStats:
@@ -110,7 +109,7 @@ def test_markdown_and_plots(tmp_path: Path) -> None:
     md = R.markdown(report)
     assert "| FP8 calibrated | 2.0000 | 0.01000 | 95.00% | 0 | 0 |" in md
     assert "| FP8 scale 1.0 |" in md and "0.5000%" in md
-    pytest.importorskip("matplotlib")
+    require_module("matplotlib", "matplotlib draws the report's plots")
     paths = R.plot(report, tmp_path)
     assert [p.name for p in paths] == ["scales.png", "clip-rate.png"]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.prereq import require
+
 CHART = Path(__file__).resolve().parents[2] / "charts" / "kvcal"
 CACHE = Path(os.environ.get("KVCAL_CACHE", Path.home() / ".cache" / "kvcal"))
 # helm template assumes an old cluster (v1.20) without one; the chart needs >= 1.30 (CEL validation in the CRD).
@@ -20,8 +22,8 @@ def helm_binary() -> str:
     if found.is_file():
         return str(found)
     on_path = shutil.which("helm")
-    if on_path is None:
-        pytest.skip("helm not built yet: run `make control-plane` (hack/build-control-plane.sh)")
+    require(on_path, "helm not built yet: run `make control-plane` (hack/build-control-plane.sh)")
+    assert on_path is not None
     return on_path
 
 

@@ -5,7 +5,12 @@ from typing import Any
 import pytest
 
 from kvcal.adapters.router import weighted_rules
-from kvcal.ctl import render_status
+from kvcal.core.decide import decide
+from kvcal.core.spechash import spec_hash
+from kvcal.ctl import ACTS_IN, ANNOTATIONS, render_status
+from kvcal.models.status import CalibrationStatus, KVCalibrationStatus, Phase
+from tests.unit.test_decide_support import NOW, observations
+from tests.unit.test_decide_support import spec as make_spec
 
 OBJ: dict[str, Any] = {
     "metadata": {"name": "llama", "namespace": "prod", "generation": 3},
@@ -40,7 +45,7 @@ def test_status_tree_shows_phase_steps_weights_and_the_last_interval() -> None:
     assert lines[0] == "KVCalibration prod/llama (generation 3, observed 3)"
     assert "├─ Phase: Analyzing" in text
     assert "router: replicas, steps: 10%, 50%, step 1/2, weight now 10%" in text
-    assert "failed: 1/2" in text and "TTFT p95 delta: +12.0%" in text
+    assert "failed: 1 (tolerates 2)" in text and "TTFT p95 delta: +12.0%" in text
     last = text[text.index("Last measurements") :]
     assert "ttft-p95        Failed       baseline   200.0ms  canary   224.0ms  limit 220.0ms" in last
     assert "errorRate" in last and "0.20%" in last and "accuracy" in last
@@ -77,3 +82,14 @@ def test_weighted_rules_adds_and_removes_the_canary_backend() -> None:
 def test_weighted_rules_rejects_bad_input(service: str, weight: int, error: str) -> None:
     with pytest.raises(ValueError, match=error):
         weighted_rules(RULES, service, "c", weight)
+
+
+@pytest.mark.parametrize("phase", list(Phase))
+@pytest.mark.parametrize(("action", "ignored"), [("abort", "AbortIgnored"), ("retry", "RetryIgnored")])
+def test_ctl_says_the_operator_acts_exactly_where_decide_does(phase: Phase, action: str, ignored: str) -> None:
+    """`kvcal abort|retry` warns when the phase will not act on it; decide() is what acts."""
+    spec = make_spec()
+    start = KVCalibrationStatus(phase=phase, calibration=CalibrationStatus(job="j", spec_hash=spec_hash(spec)))
+    decision = decide(spec, start, observations(gates={ANNOTATIONS[action]: "now"}), NOW)
+    acted = ignored not in [event.reason for event in decision.events]
+    assert acted == (phase in ACTS_IN[action])

@@ -35,6 +35,7 @@ from kvcal.models.status import (
     Phase,
     VerificationStatus,
 )
+from kvcal.services.reconciler import parse_spec
 from tests.unit.test_decide_support import NOW, OWNER, baseline, job, observations, spec
 from tests.unit.test_decide_support import SPEC as SPEC_DICT
 
@@ -534,8 +535,10 @@ def test_invalid_spec_and_back() -> None:
 
 
 def test_bad_storage_uri_is_an_invalid_spec() -> None:
-    bad = spec(calibration={**SPEC_DICT["calibration"], "output": "nfs://server/x"})
-    d = decide(bad, status(P.PENDING), observations(), NOW)
+    # The model rejects the URI as the CRD does; the reconciler hands decide() the error instead of a spec.
+    bad, error = parse_spec({"spec": {**SPEC_DICT, "calibration": {**SPEC_DICT["calibration"], "output": "nfs://x/y"}}})
+    assert bad is None
+    d = decide(bad, status(P.PENDING), observations(spec_error=error), NOW)
     assert d.status.phase == P.INVALID_SPEC
     assert "spec.calibration.output" in (d.status.message or "") and "pvc://" in (d.status.message or "")
 

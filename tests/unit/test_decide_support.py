@@ -30,7 +30,7 @@ SPEC: dict[str, Any] = {
         },
     },
     "serving": {"baseline": {"deployment": "llm", "service": "llm"}, "traffic": {"steps": [50]}},
-    "analysis": {"interval": "30s", "warmup": "0s", "successfulIntervals": 2, "failureLimit": 2},
+    "analysis": {"interval": "30s", "warmup": "0s", "successfulIntervals": 2, "failureLimit": 1},
 }
 
 

@@ -63,8 +63,8 @@ def test_bad_suites_give_clear_errors(data: dict[str, str], error: str) -> None:
 
 
 def test_load_suite_needs_a_configmap_name() -> None:
-    with pytest.raises(ValueError, match="configMap: required"):
-        load_suite(QualitySpec(suite="configmap"))
+    with pytest.raises(ValueError, match="configMap is required"):
+        QualitySpec(suite="configmap")
     suite = load_suite(QualitySpec(suite="configmap", config_map="p"), lambda name: {"suite.yaml": _SUITE})
     assert suite.name == "tiny"
 

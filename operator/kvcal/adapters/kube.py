@@ -19,6 +19,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kvcal.core.timestamps import rfc3339
 from kvcal.ports import Conflict, Kind, Manifest
 
 log = logging.getLogger(__name__)
@@ -179,7 +180,7 @@ class KubeClient:
     def emit_event(self, involved: Manifest, type_: str, reason: str, message: str) -> None:
         meta = involved["metadata"]
         moment = datetime.now(UTC)
-        now = moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = rfc3339(moment)
         body = {
             "apiVersion": "v1",
             "kind": "Event",

@@ -12,8 +12,9 @@ from typing import Any, Literal
 
 import httpx
 
-from kvcal.core.analysis import error_measurement, timestamp
+from kvcal.core.analysis import error_measurement
 from kvcal.core.quality import Completion, ProbeResult, assess_quality
+from kvcal.core.timestamps import rfc3339
 from kvcal.models.spec import AnalysisSpec, QualitySpec
 from kvcal.models.status import Measurement
 from kvcal.probes import Suite, builtin_suite, suite_from_configmap
@@ -99,7 +100,7 @@ class HttpProbes:
 
     def run(self, spec: QualitySpec | AnalysisSpec, baseline_url: str, canary_url: str) -> list[Measurement]:
         quality = spec.quality if isinstance(spec, AnalysisSpec) else spec
-        at = timestamp(self._clock())
+        at = rfc3339(self._clock())
         results: list[ProbeResult] = []
         skipped: list[str] = []
         try:

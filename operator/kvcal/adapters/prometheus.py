@@ -25,8 +25,8 @@ from kvcal.core.analysis import (
     informational,
     latency_metric_name,
     quantile_from_buckets,
-    timestamp,
 )
+from kvcal.core.timestamps import rfc3339
 from kvcal.models.spec import AnalysisSpec
 from kvcal.models.status import Measurement
 
@@ -130,7 +130,7 @@ class PrometheusMetrics:
         )
 
     def measure(self, spec: AnalysisSpec, window_seconds: float) -> list[Measurement]:
-        at = timestamp(self._clock())
+        at = rfc3339(self._clock())
         window = promql.format_window(window_seconds)
         client = self._connect(spec.prometheus.address)
         out: list[Measurement] = []

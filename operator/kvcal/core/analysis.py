@@ -5,22 +5,23 @@
   Inconclusive — never Successful.
 - ``interval_phase`` folds one interval's measurements: Failed > Error > Inconclusive > Successful.
 - ``assess_run`` updates the counters and decides:
-  * Failed when ``failures`` reaches ``failureLimit`` (total, not consecutive: flapping cannot hide a regression),
-    when ``consecutiveErrors`` reaches ``consecutiveErrorLimit`` (metrics unreadable), or when ``inconclusive``
-    reaches ``inconclusiveLimit`` (e.g. no traffic: the canary cannot be shown to be safe, so it is not promoted);
+  * Failed when ``failures`` exceeds ``failureLimit`` (total, not consecutive: flapping cannot hide a regression),
+    when ``consecutiveErrors`` exceeds ``consecutiveErrorLimit`` (metrics unreadable), or when ``inconclusive``
+    exceeds ``inconclusiveLimit`` (e.g. no traffic: the canary cannot be shown to be safe, so it is not promoted);
   * Passed when ``consecutiveSuccesses`` reaches ``successfulIntervals``; any other interval resets that streak;
   * Running otherwise.
-  Limits are "reached" counts, so ``failureLimit: 2`` rolls back on the second failed interval (limits below 1
-  act as 1).
+  Limits are counts tolerated, as in Argo Rollouts: ``failureLimit: 1`` tolerates one failed interval and rolls
+  back on the second; ``failureLimit: 0`` rolls back on the first.
 """
 
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from statistics import NormalDist
 from typing import Literal
 
+from kvcal.core.timestamps import parse_rfc3339, rfc3339
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
 from kvcal.models.status import MAX_MEASUREMENTS, AnalysisStatus, Measurement
 
@@ -44,10 +45,6 @@ class AnalysisVerdict:
 class RequestCounts:
     baseline: float | None
     canary: float | None
-
-
-def timestamp(now: datetime) -> str:
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def is_missing(value: float | None) -> bool:
@@ -82,16 +79,16 @@ def quantile_from_buckets(q: float, buckets: Sequence[tuple[float, float]]) -> f
     if total <= 0 or math.isnan(total):
         return None
     rank = q * total
-    i = next(i for i, (_, c) in enumerate(cumulative) if c >= rank)
-    upper, c_hi = cumulative[i]
+    index = next(index for index, (_, count) in enumerate(cumulative) if count >= rank)
+    upper, c_hi = cumulative[index]
     if math.isinf(upper):
-        return cumulative[i - 1][0] if i > 0 else None
-    lower, c_lo = cumulative[i - 1] if i > 0 else (0.0, 0.0)
+        return cumulative[index - 1][0] if index > 0 else None
+    lower, c_lo = cumulative[index - 1] if index > 0 else (0.0, 0.0)
     f_lo, f_hi = c_lo / total, c_hi / total
     if lower <= 0 or f_lo <= 0 or f_hi >= 1 or c_hi <= c_lo:
         return lower + (upper - lower) * (rank - c_lo) / max(c_hi - c_lo, 1e-300)
-    z = NormalDist().inv_cdf
-    fraction = (z(q) - z(f_lo)) / (z(f_hi) - z(f_lo))
+    probit = NormalDist().inv_cdf
+    fraction = (probit(q) - probit(f_lo)) / (probit(f_hi) - probit(f_lo))
     return math.exp(math.log(lower) + (math.log(upper) - math.log(lower)) * fraction)
 
 
@@ -103,7 +100,7 @@ def query_window_seconds(spec: AnalysisSpec, status: AnalysisStatus, now: dateti
     interval = spec.interval_seconds
     if status.started_at is None:
         return interval
-    started = datetime.strptime(status.started_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    started = parse_rfc3339(status.started_at)
     since_first = (now - started).total_seconds() - spec.warmup_seconds
     return max(interval, min(since_first + interval, intervals * interval))
 
@@ -211,7 +208,7 @@ def _finite(value: float | None) -> float | None:
 
 def interval_phase(measurements: Iterable[Measurement]) -> MeasurementPhase | None:
     """Worst phase among gating measurements; None when there is nothing to judge."""
-    gating = [m for m in measurements if m.metric not in INFORMATIONAL_METRICS]
+    gating = [measurement for measurement in measurements if measurement.metric not in INFORMATIONAL_METRICS]
     if not gating:
         return None
     worst = max(gating, key=lambda m: _SEVERITY[m.phase])
@@ -220,9 +217,10 @@ def interval_phase(measurements: Iterable[Measurement]) -> MeasurementPhase | No
 
 def _ttft_delta(new: list[Measurement], previous: str | None) -> str | None:
     """The p95 TTFT delta (status.analysis.ttftP95Delta, a printer column); other quantiles never stand in for it."""
-    for m in new:
-        if m.metric == "ttft-p95" and m.baseline and m.canary is not None and m.phase != "Error":
-            return f"{(m.canary / m.baseline - 1) * 100:+.1f}%"
+    for measurement in new:
+        baseline, canary = measurement.baseline, measurement.canary
+        if measurement.metric == "ttft-p95" and baseline and canary is not None and measurement.phase != "Error":
+            return f"{(canary / baseline - 1) * 100:+.1f}%"
     return previous
 
 
@@ -239,22 +237,22 @@ def _counters(status: AnalysisStatus, phase: MeasurementPhase) -> dict[str, int]
 
 
 def _why(measurements: list[Measurement], phase: str) -> str:
-    parts = [f"{m.metric}: {m.message or m.phase}" for m in measurements if m.phase == phase]
+    parts = [f"{each.metric}: {each.message or each.phase}" for each in measurements if each.phase == phase]
     return "; ".join(parts[:4])
 
 
-def decide(spec: AnalysisSpec, status: AnalysisStatus, last: list[Measurement]) -> tuple[Outcome, str]:
+def run_outcome(spec: AnalysisSpec, status: AnalysisStatus, last: list[Measurement]) -> tuple[Outcome, str]:
     """Outcome of the counters alone; ``last`` only explains a failure."""
-    if status.failures >= max(1, spec.failure_limit):
+    if status.failures > spec.failure_limit:
         return "Failed", f"FailureLimit: {status.failures} failed intervals (limit {spec.failure_limit}). " + _why(
             last, "Failed"
         )
-    if status.consecutive_errors >= max(1, spec.consecutive_error_limit):
+    if status.consecutive_errors > spec.consecutive_error_limit:
         return "Failed", (
             f"ConsecutiveErrorLimit: {status.consecutive_errors} intervals in a row without readable metrics "
             f"(limit {spec.consecutive_error_limit}). " + _why(last, "Error")
         )
-    if status.inconclusive >= max(1, spec.inconclusive_limit):
+    if status.inconclusive > spec.inconclusive_limit:
         return "Failed", (
             f"InconclusiveLimit: {status.inconclusive} inconclusive intervals (limit {spec.inconclusive_limit}); "
             "the canary could not be shown to be safe. " + _why(last, "Inconclusive")
@@ -263,8 +261,9 @@ def decide(spec: AnalysisSpec, status: AnalysisStatus, last: list[Measurement]) 
         return "Passed", f"{status.consecutive_successes} consecutive successful intervals"
     return "Running", (
         f"{status.consecutive_successes}/{spec.successful_intervals} successful intervals in a row, "
-        f"{status.failures}/{spec.failure_limit} failed, {status.inconclusive}/{spec.inconclusive_limit} inconclusive, "
-        f"{status.consecutive_errors}/{spec.consecutive_error_limit} errors in a row"
+        f"{status.failures} failed (limit {spec.failure_limit}), {status.inconclusive} inconclusive "
+        f"(limit {spec.inconclusive_limit}), {status.consecutive_errors} errors in a row "
+        f"(limit {spec.consecutive_error_limit})"
     )
 
 
@@ -272,9 +271,9 @@ def assess_run(spec: AnalysisSpec, status: AnalysisStatus, new: list[Measurement
     """Fold one interval's measurements into the run; ``new == []`` re-evaluates the counters only."""
     phase = interval_phase(new)
     if phase is None:
-        outcome, reason = decide(spec, status, status.measurements)
+        outcome, reason = run_outcome(spec, status, status.measurements)
         return AnalysisVerdict(status=status, outcome=outcome, reason=reason)
-    at = timestamp(now)
+    at = rfc3339(now)
     updated = status.model_copy(
         update={
             **_counters(status, phase),
@@ -284,5 +283,5 @@ def assess_run(spec: AnalysisSpec, status: AnalysisStatus, new: list[Measurement
             "measurements": [*status.measurements, *new][-MAX_MEASUREMENTS:],
         }
     )
-    outcome, reason = decide(spec, updated, new)
+    outcome, reason = run_outcome(spec, updated, new)
     return AnalysisVerdict(status=updated, outcome=outcome, reason=reason, interval=phase)

@@ -3,6 +3,7 @@ so a reconcile that changes nothing produces an identical status and no write.""
 
 from datetime import datetime
 
+from kvcal.core.timestamps import rfc3339
 from kvcal.models.status import Condition, ConditionType
 
 CONDITION_TYPES: tuple[ConditionType, ...] = (
@@ -13,11 +14,6 @@ CONDITION_TYPES: tuple[ConditionType, ...] = (
     "Promoted",
     "Ready",
 )
-
-
-def rfc3339(now: datetime) -> str:
-    """Kubernetes' timestamp format (second precision, Z suffix)."""
-    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def get_condition(conditions: list[Condition], type_: ConditionType) -> Condition | None:

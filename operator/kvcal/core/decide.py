@@ -19,7 +19,7 @@ from kvcal.core.observations import (
     Delete,
     Observations,
 )
-from kvcal.core.phases import ACTIVE
+from kvcal.core.phases import ACTIVE, RETRYABLE
 from kvcal.core.policy import Violation, check
 from kvcal.core.spechash import spec_hash
 from kvcal.models.spec import AnalysisSpec, KVCalibrationSpec
@@ -139,7 +139,7 @@ def _on_gates(b: Builder, spec: KVCalibrationSpec) -> None:
 
 def _retry(b: Builder, spec: KVCalibrationSpec) -> None:
     """`kvcal retry`: re-run the analysis when the scales were verified, else the whole pipeline."""
-    if b.phase not in (P.ROLLED_BACK, P.FAILED):
+    if b.phase not in RETRYABLE:
         b.event("Warning", "RetryIgnored", f"nothing to retry in phase {b.phase}")
         return
     if b.status.verification.mismatches == 0 and b.status.calibration.spec_hash is not None:

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from kvcal.core.analysis import assess_run
-from kvcal.core.conditions import CONDITION_TYPES, rfc3339, set_condition
+from kvcal.core.conditions import CONDITION_TYPES, set_condition
 from kvcal.core.manifests import (
     build_calibration_configmap,
     build_calibration_job,
@@ -36,6 +36,7 @@ from kvcal.core.observations import (
     SetWeight,
 )
 from kvcal.core.phases import check_transition
+from kvcal.core.timestamps import parse_rfc3339, rfc3339
 from kvcal.core.traffic import plan_step
 from kvcal.models.spec import AnalysisSpec, KVCalibrationSpec
 from kvcal.models.status import (
@@ -71,16 +72,12 @@ POLL_SECONDS: dict[Phase, float | None] = {
 _WARNING_PHASES = frozenset({P.FAILED, P.ROLLING_BACK, P.ROLLED_BACK, P.INVALID_SPEC})
 
 
-def _parse_time(value: str) -> datetime:
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
 def next_measurement_at(spec: AnalysisSpec, status: AnalysisStatus) -> datetime | None:
     """When the next analysis interval is due: warmup after the start, then every interval."""
     if status.last_measured_at:
-        return _parse_time(status.last_measured_at) + timedelta(seconds=spec.interval_seconds)
+        return parse_rfc3339(status.last_measured_at) + timedelta(seconds=spec.interval_seconds)
     if status.started_at:
-        return _parse_time(status.started_at) + timedelta(seconds=spec.warmup_seconds)
+        return parse_rfc3339(status.started_at) + timedelta(seconds=spec.warmup_seconds)
     return None
 
 

@@ -10,6 +10,8 @@ P = Phase
 
 # Phases in which the user can still abort (a rollback is meaningful) and in which a spec change restarts the work.
 ACTIVE = frozenset({P.CALIBRATING, P.VERIFYING, P.DEPLOYING, P.ANALYZING, P.AWAITING_PROMOTION})
+# Phases in which `kvcal retry` re-runs the analysis or the pipeline.
+RETRYABLE = frozenset({P.ROLLED_BACK, P.FAILED})
 
 ALLOWED: dict[Phase, frozenset[Phase]] = {
     P.PENDING: frozenset({P.CALIBRATING, P.INVALID_SPEC}),

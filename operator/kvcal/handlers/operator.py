@@ -30,7 +30,8 @@ MAX_ERROR_BACKOFF = 60.0
 
 @dataclass
 class Wakers:
-    """One asyncio.Event per KVCalibration, set by watch events to cut a daemon's sleep short."""
+    """One asyncio.Event per KVCalibration, set by watch events to cut a daemon's sleep short. Call wake() on the
+    event loop only (from async handlers): asyncio.Event is not thread-safe."""
 
     events: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
 
@@ -41,16 +42,16 @@ class Wakers:
 
 
 def settings() -> kopf.OperatorSettings:
-    s = kopf.OperatorSettings()
-    s.persistence.finalizer = FINALIZER
-    s.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=STORAGE_PREFIX)
-    s.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    configured = kopf.OperatorSettings()
+    configured.persistence.finalizer = FINALIZER
+    configured.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=STORAGE_PREFIX)
+    configured.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=STORAGE_PREFIX, key="last-handled-configuration"
     )
-    s.posting.level = logging.WARNING  # the reconciler posts the lifecycle events itself
-    s.watching.server_timeout = 300
-    s.watching.client_timeout = 330
-    return s
+    configured.posting.level = logging.WARNING  # the reconciler posts the lifecycle events itself
+    configured.watching.server_timeout = 300
+    configured.watching.client_timeout = 330
+    return configured
 
 
 async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float) -> None:
@@ -59,8 +60,8 @@ async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, seconds: floa
     try:
         await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for w in waiters:
-            w.cancel()
+        for waiter in waiters:
+            waiter.cancel()
     wake.clear()
 
 
@@ -74,16 +75,17 @@ def _owner_of(body: kopf.Body) -> str | None:
 
 def connection_info(api: client.ApiClient) -> kopf.ConnectionInfo:
     """kopf's credentials from the kubernetes client's, so kopf and the reconciler talk to one server as one user."""
-    c = api.configuration
-    token = (c.api_key or {}).get("authorization") or (c.api_key or {}).get("BearerToken")
+    configuration = api.configuration
+    api_key = configuration.api_key or {}
+    token = api_key.get("authorization") or api_key.get("BearerToken")
     if token and token.lower().startswith("bearer "):
         token = token[7:]
     return kopf.ConnectionInfo(
-        server=c.host,
-        ca_path=c.ssl_ca_cert,
-        insecure=not c.verify_ssl,
-        certificate_path=c.cert_file,
-        private_key_path=c.key_file,
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
         token=token or None,
     )
 
@@ -116,16 +118,18 @@ def build_registry(reconciler: Reconciler, wakers: Wakers, api: client.ApiClient
         finally:
             wakers.events.pop((namespace, name), None)
 
+    # The wake handlers are async so kopf runs them on the event loop: asyncio.Event is not thread-safe, and a sync
+    # handler (run in an executor thread) that sets it leaves the sleeping daemon's waiter unscheduled.
     @kopf.on.event(GROUP, VERSION, PLURAL, id="kvcal-wake-self", registry=registry)
-    def wake_self(name: str, namespace: str | None, **_: Any) -> None:
+    async def wake_self(name: str, namespace: str | None, **_: Any) -> None:
         wakers.wake(namespace, name)
 
     @kopf.on.event("batch", "v1", "jobs", labels=managed, id="kvcal-wake-jobs", registry=registry)
-    def wake_from_job(body: kopf.Body, namespace: str | None, **_: Any) -> None:
+    async def wake_from_job(body: kopf.Body, namespace: str | None, **_: Any) -> None:
         wakers.wake(namespace, _owner_of(body))
 
     @kopf.on.event("apps", "v1", "deployments", labels=managed, id="kvcal-wake-canary", registry=registry)
-    def wake_from_canary(body: kopf.Body, namespace: str | None, **_: Any) -> None:
+    async def wake_from_canary(body: kopf.Body, namespace: str | None, **_: Any) -> None:
         wakers.wake(namespace, _owner_of(body))
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, id="kvcal-cleanup", registry=registry)

@@ -1,16 +1,31 @@
-"""KVCalibration.spec. Defaults here equal the CRD's defaults (a test checks both agree)."""
+"""KVCalibration.spec. Defaults, bounds, patterns and CEL rules here are the CRD's (tests/unit/test_models*.py walk
+both; tests/integration/test_spec_parity.py sends a table of objects through the API server and the model)."""
 
 import re
 from itertools import pairwise
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from kvcal.core import vllm_flags
 from kvcal.models.base import Model
 
-_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+# The CRD's patterns (OpenAPI `pattern` and CEL `matches`), one constant each.
+DURATION_PATTERN = r"^([0-9]+h)?([0-9]+m)?([0-9]+s)?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+DNS_LABEL_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+CHECKPOINT_PATTERN = (
+    r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?|s3://[a-z0-9][-a-z0-9.]*[a-z0-9](/.*)?|hostpath:///.+)$"
+)
+DATASET_PATTERN = (
+    r"^(configmap://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[-._a-zA-Z0-9]+|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/.+"
+    r"|s3://[a-z0-9][-a-z0-9.]*[a-z0-9]/.+|hostpath:///.+)$"
+)
+PROMETHEUS_URL_PATTERN = r"^https?://[^\s/]+(/\S*)?$"
+ATTENTION_BACKEND_PATTERN = r"^[A-Z][A-Z0-9_]*$"
+MIN_INTERVAL_SECONDS = 1.0
+_DURATION = re.compile(DURATION_PATTERN)
 
 # Observer names as the CRD spells them -> llm-compressor's names.
 OBSERVERS: dict[str, str] = {"static-minmax": "static_minmax", "minmax": "minmax", "mse": "mse"}
@@ -20,56 +35,100 @@ PER_HEAD_BACKENDS = frozenset({"FLASH_ATTN"})
 
 def parse_duration(value: str) -> float:
     """'90s', '2m', '1h30m' -> seconds. Raises ValueError naming the accepted form."""
-    m = _DURATION.match(value.strip())
-    if not value.strip() or m is None or not any(m.groups()):
+    match = _DURATION.match(value.strip())
+    if not value.strip() or match is None or not any(match.groups()):
         raise ValueError(f"invalid duration {value!r}: use e.g. '30s', '2m', '1h30m'")
-    h, mi, s = (int(g) if g else 0 for g in m.groups())
-    return float(h * 3600 + mi * 60 + s)
+    hours, minutes, seconds = (int(group[:-1]) if group else 0 for group in match.groups())  # "90s" -> 90
+    return float(hours * 3600 + minutes * 60 + seconds)
 
 
-class ModelRef(Model):
-    source: str = Field(description="Where the BF16 checkpoint lives: pvc://CLAIM/PATH, hostpath:///PATH or s3://")
-    revision: str | None = Field(default=None, description="Revision (commit sha or tag) of the checkpoint")
+class SpecModel(Model):
+    """Typed as strictly as the API server: no "5" for 5, no 5.0 for an integer."""
+
+    model_config = ConfigDict(strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        # The API server prunes null values of non-nullable fields before defaulting; so does the model.
+        return {key: value for key, value in data.items() if value is not None} if isinstance(data, dict) else data
 
 
-class Dataset(Model):
-    source: str = Field(description="configmap://NAME/KEY, pvc://CLAIM/PATH or s3://BUCKET/KEY of a JSONL file")
+class ModelRef(SpecModel):
+    source: str = Field(
+        max_length=1024,
+        pattern=CHECKPOINT_PATTERN,
+        description="Where the BF16 checkpoint lives: pvc://CLAIM/PATH, hostpath:///PATH or s3://",
+    )
+    revision: str | None = Field(
+        default=None, max_length=256, description="Revision (commit sha or tag) of the checkpoint"
+    )
+
+
+class Dataset(SpecModel):
+    source: str = Field(
+        max_length=1024,
+        pattern=DATASET_PATTERN,
+        description="configmap://NAME/KEY, pvc://CLAIM/PATH or s3://BUCKET/KEY of a JSONL file",
+    )
     format: Literal["chat", "text"] = "chat"
 
 
-class JobSpec(Model):
-    image: str | None = None
-    resources: dict[str, dict[str, str]] | None = None
+class ResourceRequirements(SpecModel):
+    limits: dict[str, str] | None = None
+    requests: dict[str, str] | None = None
+
+
+class Toleration(SpecModel):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class JobSpec(SpecModel):
+    image: str | None = Field(default=None, max_length=512)
+    resources: ResourceRequirements | None = None
     node_selector: dict[str, str] | None = None
-    tolerations: list[dict[str, object]] | None = None
-    active_deadline_seconds: int = 3600
-    backoff_limit: int = 1
+    tolerations: list[Toleration] | None = None
+    active_deadline_seconds: int = Field(default=3600, ge=1)
+    backoff_limit: int = Field(default=1, ge=0, le=10)
 
 
-class CalibrationSpec(Model):
+class CalibrationSpec(SpecModel):
     dataset: Dataset
-    samples: int = 512
-    max_seq_length: int = 4096
+    samples: int = Field(default=512, ge=1, le=65536)
+    max_seq_length: int = Field(default=4096, ge=16, le=1048576)
     holdout_fraction: float = 0.1
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
     strategy: Literal["tensor", "head"] = "tensor"
     observer: Literal["static-minmax", "minmax", "mse"] = "static-minmax"
     pipeline: Literal["auto", "basic", "sequential"] = "auto"
-    output: str
+    output: str = Field(max_length=1024, pattern=CHECKPOINT_PATTERN)
     job: JobSpec = JobSpec()
 
+    @field_validator("holdout_fraction")
+    @classmethod
+    def _holdout_range(cls, fraction: float) -> float:
+        if not 0 < fraction <= 0.5:
+            raise ValueError("spec.calibration.holdoutFraction must be in (0, 0.5], e.g. 0.1")
+        return fraction
 
-class BaselineRef(Model):
-    deployment: str
-    service: str
-    container: str | None = Field(default=None, description="Container running vLLM; default: the first one")
+
+class BaselineRef(SpecModel):
+    deployment: str = Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    service: str = Field(max_length=63, pattern=DNS_LABEL_PATTERN)
+    container: str | None = Field(
+        default=None, max_length=63, description="Container running vLLM; default: the first one"
+    )
 
 
-class CanarySpec(Model):
-    replicas: int = 1
+class CanarySpec(SpecModel):
+    replicas: int = Field(default=1, ge=1, le=100)
     kv_cache_dtype: Literal["fp8", "fp8_e4m3"] = "fp8_e4m3"
-    attention_backend: str | None = None
-    extra_args: list[str] = []
+    attention_backend: str | None = Field(default=None, max_length=64, pattern=ATTENTION_BACKEND_PATTERN)
+    extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(default=[], max_length=64)
 
     @field_validator("extra_args")
     @classmethod
@@ -82,59 +141,97 @@ class CanarySpec(Model):
         return args
 
 
-class TrafficSpec(Model):
+class TrafficSpec(SpecModel):
     router: Literal["replicas", "gateway-api", "none"] = "replicas"
-    steps: list[int] = [10, 50]
-    http_route: str | None = None
+    steps: list[int] = Field(default=[10, 50], min_length=1, max_length=10)
+    http_route: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+
+    @field_validator("steps")
+    @classmethod
+    def _percentages_increasing(cls, steps: list[int]) -> list[int]:
+        if any(not 0 < step <= 100 for step in steps):
+            raise ValueError("spec.serving.traffic.steps must each be a percentage in (0, 100], e.g. [10, 50]")
+        if any(later <= earlier for earlier, later in pairwise(steps)):
+            raise ValueError("spec.serving.traffic.steps must be strictly increasing, e.g. [10, 50, 100]")
+        return steps
+
+    @model_validator(mode="after")
+    def _route_for_gateway(self) -> "TrafficSpec":
+        if self.router == "gateway-api" and self.http_route is None:
+            raise ValueError("spec.serving.traffic.httpRoute is required when router is gateway-api")
+        return self
 
 
-class ServingSpec(Model):
+class ServingSpec(SpecModel):
     baseline: BaselineRef
     canary: CanarySpec = CanarySpec()
     traffic: TrafficSpec = TrafficSpec()
 
 
-class PrometheusRef(Model):
-    address: str = "http://prometheus.monitoring:9090"
+class PrometheusRef(SpecModel):
+    address: str = Field(default="http://prometheus.monitoring:9090", max_length=1024, pattern=PROMETHEUS_URL_PATTERN)
 
 
-class LatencyCheck(Model):
+class LatencyCheck(SpecModel):
     metric: Literal["ttft", "itl", "e2e"]
     quantile: float = 0.95
-    max_regression: float = 0.10
+    max_regression: float = Field(default=0.10, ge=0, le=10)
     # Absolute noise floor: a canary within this many seconds of the baseline passes whatever the ratio.
-    noise_floor_seconds: float = 0.005
+    noise_floor_seconds: float = Field(default=0.005, ge=0)
+
+    @field_validator("quantile")
+    @classmethod
+    def _quantile_range(cls, quantile: float) -> float:
+        if not 0 < quantile < 1:
+            raise ValueError("spec.analysis.latency[].quantile must be in (0, 1), e.g. 0.95")
+        return quantile
 
 
-class QualitySpec(Model):
+class QualitySpec(SpecModel):
     suite: Literal["builtin", "configmap"] = "builtin"
-    config_map: str | None = None
-    max_accuracy_drop: float = 0.01
-    min_token_agreement: float = 0.97
+    config_map: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    max_accuracy_drop: float = Field(default=0.01, ge=0, le=1)
+    min_token_agreement: float = Field(default=0.97, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _configmap_for_suite(self) -> "QualitySpec":
+        if self.suite == "configmap" and self.config_map is None:
+            raise ValueError("spec.analysis.quality.configMap is required when suite is configmap")
+        return self
 
 
 def _default_latency() -> list[LatencyCheck]:
     return [LatencyCheck(metric="ttft"), LatencyCheck(metric="itl"), LatencyCheck(metric="e2e")]
 
 
-class AnalysisSpec(Model):
+class AnalysisSpec(SpecModel):
     prometheus: PrometheusRef = PrometheusRef()
-    interval: str = "60s"
-    warmup: str = "120s"
-    min_requests: int = 50
-    successful_intervals: int = 5
-    failure_limit: int = 2
-    inconclusive_limit: int = 3
-    consecutive_error_limit: int = 4
-    max_error_rate: float = 0.01
-    latency: list[LatencyCheck] = Field(default_factory=_default_latency)
+    interval: str = Field(default="60s", min_length=2, max_length=16, pattern=DURATION_PATTERN)
+    warmup: str = Field(default="120s", min_length=2, max_length=16, pattern=DURATION_PATTERN)
+    min_requests: int = Field(default=50, ge=0)
+    successful_intervals: int = Field(default=5, ge=1, le=1000)
+    # Intervals tolerated, as in Argo Rollouts: one more rolls back (core/analysis.py).
+    failure_limit: int = Field(default=1, ge=0, le=1000)
+    inconclusive_limit: int = Field(default=2, ge=0, le=1000)
+    consecutive_error_limit: int = Field(default=3, ge=0, le=1000)
+    max_error_rate: float = Field(default=0.01, ge=0, le=1)
+    latency: list[LatencyCheck] = Field(default_factory=_default_latency, max_length=9)
     quality: QualitySpec = QualitySpec()
 
-    @field_validator("interval", "warmup")
+    @field_validator("interval")
     @classmethod
-    def _duration(cls, v: str) -> str:
-        parse_duration(v)
-        return v
+    def _at_least_a_second(cls, interval: str) -> str:
+        if parse_duration(interval) < MIN_INTERVAL_SECONDS:
+            raise ValueError("spec.analysis.interval must be at least 1s, e.g. 60s")
+        return interval
+
+    @field_validator("latency")
+    @classmethod
+    def _distinct_checks(cls, checks: list[LatencyCheck]) -> list[LatencyCheck]:
+        keys = [(check.metric, check.quantile) for check in checks]
+        if len(set(keys)) != len(keys):
+            raise ValueError("spec.analysis.latency must not repeat a (metric, quantile) pair")
+        return checks
 
     @property
     def interval_seconds(self) -> float:
@@ -145,11 +242,11 @@ class AnalysisSpec(Model):
         return parse_duration(self.warmup)
 
 
-class PromotionSpec(Model):
+class PromotionSpec(SpecModel):
     mode: Literal["auto", "manual"] = "auto"
 
 
-class KVCalibrationSpec(Model):
+class KVCalibrationSpec(SpecModel):
     model: ModelRef
     calibration: CalibrationSpec
     serving: ServingSpec
@@ -164,11 +261,6 @@ class KVCalibrationSpec(Model):
                 "spec.calibration.strategy: 'head' needs spec.serving.canary.attentionBackend: FLASH_ATTN "
                 "(other vLLM backends collapse per-head scales to one per layer)"
             )
-        steps = self.serving.traffic.steps
-        if any(b <= a for a, b in pairwise(steps)) or any(not 0 < s <= 100 for s in steps):
-            raise ValueError("spec.serving.traffic.steps: must be strictly increasing percentages in (0, 100]")
-        if self.serving.traffic.router == "gateway-api" and not self.serving.traffic.http_route:
-            raise ValueError("spec.serving.traffic.httpRoute: required when router is gateway-api")
-        if not 0 < self.calibration.holdout_fraction <= 0.5:
-            raise ValueError("spec.calibration.holdoutFraction: must be in (0, 0.5]")
+        if self.calibration.output == self.model.source:
+            raise ValueError("spec.calibration.output must differ from spec.model.source")
         return self

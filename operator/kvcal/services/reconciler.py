@@ -13,7 +13,7 @@ from datetime import datetime
 
 from pydantic import ValidationError
 
-from kvcal.core.analysis import error_measurement, timestamp
+from kvcal.core.analysis import error_measurement
 from kvcal.core.decide import OBSERVES, decide, measurement_due
 from kvcal.core.endpoints import probe_urls
 from kvcal.core.manifests import Owner, calibration_job_name, canary_name, verification_job_name
@@ -34,7 +34,9 @@ from kvcal.core.observations import (
 )
 from kvcal.core.policy import Policy
 from kvcal.core.spechash import spec_hash
+from kvcal.core.timestamps import parse_rfc3339, rfc3339
 from kvcal.metrics import OperatorMetrics
+from kvcal.models.errors import describe
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import TERMINAL_PHASES, KVCalibrationStatus, Measurement
 from kvcal.ports import AnalysisBackends, Conflict, Kube, Manifest, Target
@@ -47,8 +49,7 @@ def parse_spec(obj: Manifest) -> tuple[KVCalibrationSpec | None, str | None]:
     try:
         return KVCalibrationSpec.model_validate(obj.get("spec") or {}), None
     except ValidationError as e:
-        problems = [f"spec.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()]
-        return None, "; ".join(problems)[:1024]
+        return None, "; ".join(describe(e))[:1024]
 
 
 def parse_status(obj: Manifest) -> KVCalibrationStatus:
@@ -166,7 +167,7 @@ class Reconciler:
         if self.metrics:
             self.metrics.set_phase(owner.namespace, owner.name, decision.status.phase)
             if decision.status.phase != before.phase and before.phase_started_at:
-                started = datetime.fromisoformat(before.phase_started_at.replace("Z", "+00:00"))
+                started = parse_rfc3339(before.phase_started_at)
                 self.metrics.phase_left(before.phase, (now - started).total_seconds())
 
     def observe(
@@ -235,14 +236,14 @@ class Reconciler:
             try:
                 out += metrics.measure(analysis, analysis.interval_seconds)
             except Exception as e:
-                out.append(error_measurement("prometheus", f"{type(e).__name__}: {e}", at=timestamp(now)))
+                out.append(error_measurement("prometheus", f"{type(e).__name__}: {e}", at=rfc3339(now)))
         probes = self.backends.probes(target)
         if probes is not None:
             try:
                 baseline_url, canary_url = self.probe_urls(target)
                 out += probes.run(analysis, baseline_url, canary_url)
             except Exception as e:
-                out.append(error_measurement("probes", f"{type(e).__name__}: {e}", at=timestamp(now)))
+                out.append(error_measurement("probes", f"{type(e).__name__}: {e}", at=rfc3339(now)))
         return out
 
     def probe_urls(self, target: Target) -> tuple[str, str]:

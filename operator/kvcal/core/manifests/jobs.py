@@ -151,13 +151,13 @@ def build_calibration_job(owner: Owner, spec: KVCalibrationSpec, spec_hash: str)
         job.image or DEFAULT_CALIBRATOR_IMAGE,
         command,
         [*mounts, {"name": "kvcal-config", "mountPath": CONFIG_MOUNT, "readOnly": True}],
-        job.resources or DEFAULT_CALIBRATION_RESOURCES,
+        job.resources.to_wire() if job.resources else DEFAULT_CALIBRATION_RESOURCES,
     )
     scheduling: Manifest = {}
     if job.node_selector:
         scheduling["nodeSelector"] = job.node_selector
     if job.tolerations:
-        scheduling["tolerations"] = job.tolerations
+        scheduling["tolerations"] = [toleration.to_wire() for toleration in job.tolerations]
     return _job(
         owner,
         name,

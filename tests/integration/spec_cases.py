@@ -1,0 +1,207 @@
+"""The parity table: KVCalibrations, valid and not, each naming the CRD constraint it hits.
+
+tests/integration/test_spec_parity.py sends every row through the API server (server-side dry-run) and through the
+model (`kvcal validate`'s rules) and wants one verdict; tests/unit/test_spec_cases.py checks that every constraint
+and CEL rule of the CRD's spec is hit by at least one invalid row. A new rule in the CRD: add its rows here.
+
+A constraint is named `PATH:KIND`: KIND is an OpenAPI keyword (minimum, maxLength, enum, pattern, ...), `required`
+(PATH is then the missing field), `cel<N>` (the N-th x-kubernetes-validations rule at PATH) or `type`.
+"""
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+MINIMAL: dict[str, Any] = yaml.safe_load((REPO / "examples" / "minimal-per-tensor.yaml").read_text())
+SOURCE = MINIMAL["spec"]["model"]["source"]
+DELETE = object()  # as a value: remove the field
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    changes: dict[str, Any]  # path under spec (a.b.c) -> value, or DELETE
+    hits: str | None = None  # the constraint an invalid row violates; None for a valid row
+
+    @property
+    def valid(self) -> bool:
+        return self.hits is None
+
+    def document(self) -> dict[str, Any]:
+        doc = copy.deepcopy(MINIMAL)
+        doc["metadata"] = {"name": "parity"}
+        for path, value in self.changes.items():
+            _set(doc["spec"], path, value)
+        return doc
+
+
+def _set(spec: dict[str, Any], path: str, value: Any) -> None:
+    *parents, leaf = path.split(".")
+    node = spec
+    for key in parents:
+        node = node.setdefault(key, {})
+    if value is DELETE:
+        del node[leaf]
+    else:
+        node[leaf] = copy.deepcopy(value)
+
+
+def ok(case_id: str, changes: dict[str, Any] | None = None) -> Case:
+    return Case(case_id, changes or {})
+
+
+def bad(hits: str, changes: dict[str, Any], case_id: str | None = None) -> Case:
+    return Case(case_id or hits.removeprefix("spec.").replace(":", "-"), changes, hits)
+
+
+LATENCY = "analysis.latency"
+TOLERATIONS = "calibration.job.tolerations"
+
+CASES: list[Case] = [
+    # --- valid: defaults, boundaries, nulls the API server prunes -------------------------------------------------
+    ok("minimal"),
+    ok("samples-bounds", {"calibration.samples": 1, "calibration.maxSeqLength": 1048576}),
+    ok("samples-max", {"calibration.samples": 65536, "calibration.maxSeqLength": 16}),
+    ok("holdout-half", {"calibration.holdoutFraction": 0.5, "calibration.seed": 0}),
+    ok("head-flash-attn", {"calibration.strategy": "head", "serving.canary.attentionBackend": "FLASH_ATTN"}),
+    ok("steps-single-100", {"serving.traffic.steps": [100]}),
+    ok("steps-ten", {"serving.traffic.steps": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]}),
+    ok("gateway-route", {"serving.traffic.router": "gateway-api", "serving.traffic.httpRoute": "qwen.v1"}),
+    ok("durations", {"analysis.interval": "1h30m", "analysis.warmup": "0s"}),
+    ok("interval-one-second", {"analysis.interval": "1s"}),
+    ok("limits-zero", {"analysis.failureLimit": 0, "analysis.inconclusiveLimit": 0}),
+    ok("limits-max", {"analysis.consecutiveErrorLimit": 1000, "analysis.successfulIntervals": 1000}),
+    ok("latency-two-quantiles", {LATENCY: [{"metric": "ttft", "quantile": 0.5}, {"metric": "ttft", "quantile": 0.99}]}),
+    ok("latency-none", {LATENCY: []}),
+    ok("quality-configmap", {"analysis.quality": {"suite": "configmap", "configMap": "probes"}}),
+    ok("rates-bounds", {"analysis.maxErrorRate": 1, "analysis.quality.minTokenAgreement": 0}),
+    ok("job-scheduling", {"calibration.job": {
+        "resources": {"limits": {"nvidia.com/gpu": "1"}}, "nodeSelector": {"gpu": "h100"},
+        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 30}],
+        "backoffLimit": 10, "activeDeadlineSeconds": 1}}),
+    ok("nulls-pruned", {"model.revision": None, "calibration.samples": None}),
+    ok("hostpath-and-s3", {"model.source": "hostpath:///models/llama", "calibration.output": "s3://bucket/out",
+                           "calibration.dataset.source": "s3://bucket/prompts.jsonl"}),
+    ok("extra-args", {"serving.canary.extraArgs": ["--max-num-seqs", "8"]}),
+    # --- spec and its CEL rules ------------------------------------------------------------------------------------
+    bad("spec.model:required", {"model": DELETE}),
+    bad("spec.calibration:required", {"calibration": DELETE}),
+    bad("spec.serving:required", {"serving": DELETE}),
+    bad("spec:cel0", {"calibration.strategy": "head"}),
+    bad("spec:cel0", {"calibration.strategy": "head", "serving.canary.attentionBackend": "TRITON_ATTN"}, "head-triton"),
+    bad("spec:cel1", {"calibration.output": SOURCE}),
+    # --- model ----------------------------------------------------------------------------------------------------
+    bad("spec.model.source:required", {"model.source": DELETE}),
+    bad("spec.model.source:cel0", {"model.source": "http://hub/llama"}),
+    bad("spec.model.source:maxLength", {"model.source": "pvc://models/" + "a" * 1020}),
+    bad("spec.model.revision:maxLength", {"model.revision": "a" * 257}),
+    # --- calibration ----------------------------------------------------------------------------------------------
+    bad("spec.calibration.dataset:required", {"calibration.dataset": DELETE}),
+    bad("spec.calibration.output:required", {"calibration.output": DELETE}),
+    bad("spec.calibration.dataset.source:required", {"calibration.dataset.source": DELETE}),
+    bad("spec.calibration.dataset.source:cel0", {"calibration.dataset.source": "configmap://calib"}),
+    bad("spec.calibration.dataset.source:maxLength", {"calibration.dataset.source": "s3://bucket/" + "a" * 1020}),
+    bad("spec.calibration.dataset.format:enum", {"calibration.dataset.format": "parquet"}),
+    bad("spec.calibration.samples:minimum", {"calibration.samples": 0}),
+    bad("spec.calibration.samples:maximum", {"calibration.samples": 65537}),
+    bad("spec.calibration.samples:type", {"calibration.samples": "64"}),
+    bad("spec.calibration.maxSeqLength:minimum", {"calibration.maxSeqLength": 8}),
+    bad("spec.calibration.maxSeqLength:maximum", {"calibration.maxSeqLength": 4_000_000}),
+    bad("spec.calibration.holdoutFraction:cel0", {"calibration.holdoutFraction": 0}),
+    bad("spec.calibration.holdoutFraction:cel0", {"calibration.holdoutFraction": 0.6}, "holdout-too-big"),
+    bad("spec.calibration.holdoutFraction:type", {"calibration.holdoutFraction": "0.1"}),
+    bad("spec.calibration.seed:minimum", {"calibration.seed": -1}),
+    bad("spec.calibration.strategy:enum", {"calibration.strategy": "channel"}),
+    bad("spec.calibration.observer:enum", {"calibration.observer": "ema"}),
+    bad("spec.calibration.pipeline:enum", {"calibration.pipeline": "layerwise"}),
+    bad("spec.calibration.output:cel0", {"calibration.output": "/models/out"}),
+    bad("spec.calibration.output:maxLength", {"calibration.output": "pvc://models/" + "b" * 1020}),
+    bad("spec.calibration.sample:unknown", {"calibration.sample": 64}),
+    bad("spec.calibration.job.image:maxLength", {"calibration.job.image": "i" * 513}),
+    bad("spec.calibration.job.resources.limits:additionalProperties", {"calibration.job.resources.limits.cpu": 4}),
+    bad("spec.calibration.job.resources.requests:additionalProperties", {"calibration.job.resources.requests.cpu": 4}),
+    bad("spec.calibration.job.nodeSelector:additionalProperties", {"calibration.job.nodeSelector": {"gpu": True}}),
+    bad("spec.calibration.job.tolerations[].operator:enum", {TOLERATIONS: [{"key": "gpu", "operator": "Maybe"}]}),
+    bad("spec.calibration.job.tolerations[].effect:enum", {TOLERATIONS: [{"key": "gpu", "effect": "Evict"}]}),
+    bad("spec.calibration.job.activeDeadlineSeconds:minimum", {"calibration.job.activeDeadlineSeconds": 0}),
+    bad("spec.calibration.job.backoffLimit:minimum", {"calibration.job.backoffLimit": -1}),
+    bad("spec.calibration.job.backoffLimit:maximum", {"calibration.job.backoffLimit": 11}),
+    # --- serving --------------------------------------------------------------------------------------------------
+    bad("spec.serving.baseline:required", {"serving.baseline": DELETE}),
+    bad("spec.serving.baseline.deployment:required", {"serving.baseline.deployment": DELETE}),
+    bad("spec.serving.baseline.service:required", {"serving.baseline.service": DELETE}),
+    bad("spec.serving.baseline.deployment:pattern", {"serving.baseline.deployment": "Llama_BF16"}),
+    bad("spec.serving.baseline.deployment:maxLength", {"serving.baseline.deployment": "d" * 254}),
+    bad("spec.serving.baseline.service:pattern", {"serving.baseline.service": "1-llama"}),
+    bad("spec.serving.baseline.service:maxLength", {"serving.baseline.service": "s" * 64}),
+    bad("spec.serving.baseline.container:maxLength", {"serving.baseline.container": "c" * 64}),
+    bad("spec.serving.canary.replicas:minimum", {"serving.canary.replicas": 0}),
+    bad("spec.serving.canary.replicas:maximum", {"serving.canary.replicas": 101}),
+    bad("spec.serving.canary.replicas:type", {"serving.canary.replicas": True}),
+    bad("spec.serving.canary.kvCacheDtype:enum", {"serving.canary.kvCacheDtype": "int8"}),
+    bad("spec.serving.canary.attentionBackend:pattern", {"serving.canary.attentionBackend": "flash_attn"}),
+    bad("spec.serving.canary.attentionBackend:maxLength", {"serving.canary.attentionBackend": "A" * 65}),
+    bad("spec.serving.canary.extraArgs:maxItems", {"serving.canary.extraArgs": ["--enforce-eager"] * 65}),
+    bad("spec.serving.canary.extraArgs[]:maxLength", {"serving.canary.extraArgs": ["-" * 1025]}),
+    bad("spec.serving.canary.extraArgs[]:type", {"serving.canary.extraArgs": [8]}),
+    bad("spec.serving.traffic:cel0", {"serving.traffic.router": "gateway-api"}),
+    bad("spec.serving.traffic.router:enum", {"serving.traffic.router": "istio"}),
+    bad("spec.serving.traffic.steps:minItems", {"serving.traffic.steps": []}),
+    bad("spec.serving.traffic.steps:maxItems", {"serving.traffic.steps": list(range(1, 12))}),
+    bad("spec.serving.traffic.steps:cel0", {"serving.traffic.steps": [0, 50]}),
+    bad("spec.serving.traffic.steps:cel0", {"serving.traffic.steps": [10, 150]}, "step-over-100"),
+    bad("spec.serving.traffic.steps:cel1", {"serving.traffic.steps": [50, 10]}),
+    bad("spec.serving.traffic.steps:cel1", {"serving.traffic.steps": [10, 10]}, "steps-repeated"),
+    bad("spec.serving.traffic.steps[]:type", {"serving.traffic.steps": ["10"]}),
+    bad("spec.serving.traffic.httpRoute:pattern", {"serving.traffic.router": "gateway-api",
+                                                   "serving.traffic.httpRoute": "Route_1"}),
+    bad("spec.serving.traffic.httpRoute:maxLength", {"serving.traffic.httpRoute": "r" * 254}),
+    # --- analysis -------------------------------------------------------------------------------------------------
+    bad("spec.analysis.prometheus.address:pattern", {"analysis.prometheus.address": "prometheus:9090"}),
+    bad("spec.analysis.prometheus.address:maxLength", {"analysis.prometheus.address": "http://p/" + "a" * 1020}),
+    bad("spec.analysis.interval:minLength", {"analysis.interval": ""}),
+    bad("spec.analysis.interval:maxLength", {"analysis.interval": "1" * 16 + "s"}),
+    bad("spec.analysis.interval:pattern", {"analysis.interval": "1 minute"}),
+    bad("spec.analysis.interval:cel0", {"analysis.interval": "0s"}),
+    bad("spec.analysis.warmup:minLength", {"analysis.warmup": ""}),
+    bad("spec.analysis.warmup:maxLength", {"analysis.warmup": "1" * 16 + "s"}),
+    bad("spec.analysis.warmup:pattern", {"analysis.warmup": "120"}),
+    bad("spec.analysis.minRequests:minimum", {"analysis.minRequests": -1}),
+    bad("spec.analysis.successfulIntervals:minimum", {"analysis.successfulIntervals": 0}),
+    bad("spec.analysis.successfulIntervals:maximum", {"analysis.successfulIntervals": 1001}),
+    bad("spec.analysis.failureLimit:minimum", {"analysis.failureLimit": -1}),
+    bad("spec.analysis.failureLimit:maximum", {"analysis.failureLimit": 1001}),
+    bad("spec.analysis.inconclusiveLimit:minimum", {"analysis.inconclusiveLimit": -1}),
+    bad("spec.analysis.inconclusiveLimit:maximum", {"analysis.inconclusiveLimit": 1001}),
+    bad("spec.analysis.consecutiveErrorLimit:minimum", {"analysis.consecutiveErrorLimit": -1}),
+    bad("spec.analysis.consecutiveErrorLimit:maximum", {"analysis.consecutiveErrorLimit": 1001}),
+    bad("spec.analysis.maxErrorRate:minimum", {"analysis.maxErrorRate": -0.1}),
+    bad("spec.analysis.maxErrorRate:maximum", {"analysis.maxErrorRate": 2}),
+    bad("spec.analysis.latency:maxItems", {LATENCY: [{"metric": "ttft", "quantile": q / 20} for q in range(1, 11)]}),
+    bad("spec.analysis.latency:cel0", {LATENCY: [{"metric": "ttft"}, {"metric": "ttft", "quantile": 0.95}]}),
+    bad("spec.analysis.latency[].metric:required", {LATENCY: [{"quantile": 0.9}]}),
+    bad("spec.analysis.latency[].metric:enum", {LATENCY: [{"metric": "tpot"}]}),
+    bad("spec.analysis.latency[].quantile:cel0", {LATENCY: [{"metric": "ttft", "quantile": 1.0}]}),
+    bad("spec.analysis.latency[].quantile:cel0", {LATENCY: [{"metric": "ttft", "quantile": 1.5}]}, "quantile-1.5"),
+    bad("spec.analysis.latency[].quantile:cel0", {LATENCY: [{"metric": "ttft", "quantile": 0}]}, "quantile-0"),
+    bad("spec.analysis.latency[].maxRegression:minimum", {LATENCY: [{"metric": "ttft", "maxRegression": -0.1}]}),
+    bad("spec.analysis.latency[].maxRegression:maximum", {LATENCY: [{"metric": "ttft", "maxRegression": 11}]}),
+    bad("spec.analysis.latency[].noiseFloorSeconds:minimum", {LATENCY: [{"metric": "e2e", "noiseFloorSeconds": -1}]}),
+    bad("spec.analysis.quality:cel0", {"analysis.quality": {"suite": "configmap"}}),
+    bad("spec.analysis.quality.suite:enum", {"analysis.quality.suite": "mmlu"}),
+    bad("spec.analysis.quality.configMap:pattern", {"analysis.quality.configMap": "Probes"}),
+    bad("spec.analysis.quality.configMap:maxLength", {"analysis.quality.configMap": "p" * 254}),
+    bad("spec.analysis.quality.maxAccuracyDrop:minimum", {"analysis.quality.maxAccuracyDrop": -0.01}),
+    bad("spec.analysis.quality.maxAccuracyDrop:maximum", {"analysis.quality.maxAccuracyDrop": 1.5}),
+    bad("spec.analysis.quality.minTokenAgreement:minimum", {"analysis.quality.minTokenAgreement": -0.5}),
+    bad("spec.analysis.quality.minTokenAgreement:maximum", {"analysis.quality.minTokenAgreement": 1.01}),
+    # --- promotion ------------------------------------------------------------------------------------------------
+    bad("spec.promotion.mode:enum", {"promotion.mode": "yolo"}),
+]  # fmt: skip
+
+# Rules other parts of issue #10 own and are changing: their rows land with their model twins.
+LEFT_TO_OTHERS = frozenset({"spec.serving.canary.extraArgs:cel0"})

@@ -1,0 +1,35 @@
+"""tests/support/prereq.require: a missing prerequisite skips on a workstation and fails under CI."""
+
+import pytest
+
+from tests.support.prereq import in_ci, require, require_module
+
+
+@pytest.mark.parametrize("value", ["true", "1", "yes", "True"])
+def test_under_ci_a_missing_prerequisite_fails(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("CI", value)
+    assert in_ci()
+    with pytest.raises(pytest.fail.Exception, match=r"CI is set.*promtool not installed"):
+        require(None, "promtool not installed")
+    with pytest.raises(pytest.fail.Exception, match="no_such_module_kvcal"):
+        require_module("no_such_module_kvcal", "a dev extra")
+
+
+@pytest.mark.parametrize("value", [None, "", "false", "0", "FALSE"])
+def test_elsewhere_a_missing_prerequisite_skips(monkeypatch: pytest.MonkeyPatch, value: str | None) -> None:
+    if value is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", value)
+    assert not in_ci()
+    with pytest.raises(pytest.skip.Exception, match="promtool not installed"):
+        require("", "promtool not installed")
+    with pytest.raises(pytest.skip.Exception, match="a dev extra"):
+        require_module("no_such_module_kvcal", "a dev extra")
+
+
+@pytest.mark.parametrize("ci", ["true", "false"])
+def test_a_present_prerequisite_passes_either_way(monkeypatch: pytest.MonkeyPatch, ci: str) -> None:
+    monkeypatch.setenv("CI", ci)
+    require("/usr/bin/helm", "helm missing")
+    assert require_module("json", "stdlib").dumps([]) == "[]"
