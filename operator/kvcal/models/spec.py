@@ -74,6 +74,18 @@ class TrafficSpec(Model):
     router: Literal["replicas", "gateway-api", "none"] = "replicas"
     steps: list[int] = [10, 50]
     http_route: str | None = None
+    # After the router reports 0% on the canary, how long in-flight requests get before the canary is deleted.
+    drain_delay: str = "30s"
+
+    @field_validator("drain_delay")
+    @classmethod
+    def _duration(cls, v: str) -> str:
+        parse_duration(v)
+        return v
+
+    @property
+    def drain_delay_seconds(self) -> float:
+        return parse_duration(self.drain_delay)
 
 
 class ServingSpec(Model):
