@@ -109,8 +109,12 @@ class GatewayApiRouter:
         new_rules = weighted_rules(rules, target.spec.serving.baseline.service, target.canary_service, weight)
         if new_rules == rules:
             return
-        route["spec"]["rules"] = new_rules
-        self.api.replace_namespaced_custom_object(GROUP, VERSION, target.namespace, PLURAL, name, route)
+        # A merge patch (the chart grants get/patch, not update) carrying the resourceVersion it read: a concurrent
+        # edit answers 409 instead of being overwritten.
+        patch = {"metadata": {"resourceVersion": route["metadata"]["resourceVersion"]}, "spec": {"rules": new_rules}}
+        self.api.patch_namespaced_custom_object(
+            GROUP, VERSION, target.namespace, PLURAL, name, patch, _content_type="application/merge-patch+json"
+        )
         log.info("HTTPRoute %s/%s: canary %s at %d%%", target.namespace, name, target.canary_service, weight)
 
 
