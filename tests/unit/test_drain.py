@@ -1,6 +1,7 @@
 """Taking the canary out of traffic, pass by pass: 0% asked, 0% read back from the router, drainDelay, delete — on
 rollback, promotion and delete; the weight re-asserted (and drift reported) while Analyzing."""
 
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -11,6 +12,9 @@ from kvcal.core.manifests import canary_name
 from kvcal.core.observations import Decision, Delete, DeploymentState, SetWeight
 from kvcal.core.spechash import spec_hash
 from kvcal.models.status import AnalysisStatus, CalibrationStatus, CanaryStatus, KVCalibrationStatus, Phase
+from kvcal.ports import Metrics, Probes, Router, Target
+from kvcal.services.reconciler import Reconciler
+from tests.unit.test_decide_reconciler import FakeKube, kvcal
 from tests.unit.test_decide_support import NOW, OWNER, baseline, observations, spec
 
 P = Phase
@@ -141,3 +145,48 @@ def test_canary_share_read_from_the_route() -> None:
     assert canary_share(route({"name": "llm", "weight": 0}, {"name": "c", "weight": 5}), "llm", "c") == 100
     other = [{"backendRefs": [{"name": "other"}, {"name": "c"}]}]
     assert canary_share(other + route({"name": "llm", "weight": 9}, {"name": "c", "weight": 1}), "llm", "c") == 10
+
+
+class FakeRoute:
+    """A router whose weight lands when set and can be read back."""
+
+    def __init__(self, weight: int) -> None:
+        self.weight = weight
+
+    def set_weight(self, target: Target, weight: int) -> None:
+        self.weight = weight
+
+    def get_weight(self, target: Target) -> int | None:
+        return self.weight
+
+
+@dataclass
+class RouteOnly:
+    route: FakeRoute
+
+    def metrics(self, target: Target) -> Metrics | None:
+        return None
+
+    def probes(self, target: Target) -> Probes | None:
+        return None
+
+    def router(self, target: Target) -> Router | None:
+        return self.route
+
+
+def test_reconciler_cleanup_keeps_the_drain_in_status_until_it_may_delete() -> None:
+    obj = kvcal()
+    obj["spec"] = GATEWAY.to_wire()
+    obj["status"] = start(P.ANALYZING).to_wire()
+    canary_deployment = {"kind": "Deployment", "metadata": {"name": CANARY}, "spec": {"replicas": 1}}
+    kube = FakeKube([obj, canary_deployment, {"kind": "Service", "metadata": {"name": CANARY}}])
+    route, clock = FakeRoute(50), [NOW]
+    reconciler = Reconciler(kube, clock=lambda: clock[0], backends=RouteOnly(route))
+    first = reconciler.cleanup("llm", "smollm2")
+    assert route.weight == 0 and first.retry_after == 1.0 and first.removed == []
+    second = reconciler.cleanup("llm", "smollm2")  # a restarted operator reads the drain start from status
+    assert second.retry_after == 30.0 and ("Service", CANARY) in kube.objects
+    assert kube.objects[("KVCalibration", "smollm2")]["status"]["canary"]["drainingSince"] == "2026-01-02T03:04:05Z"
+    clock[0] = NOW + timedelta(seconds=30)
+    done = Reconciler(kube, clock=lambda: clock[0], backends=RouteOnly(route)).cleanup("llm", "smollm2")
+    assert done.retry_after is None and ("Service", CANARY) not in kube.objects

@@ -358,6 +358,6 @@ class Reconciler:
             obs = Observations(**{**obs.__dict__, "canary": canary, "routed_weight": self.routed_weight(owner, spec)})
         decision = decide_deletion(spec, status, obs, now)
         self.act(owner, decision, self._target(owner, spec) if spec else None)
-        if decision.status != status:
+        if decision.requeue_after is not None and decision.status != status:  # the drain resumes from status
             self.kube.replace_status(owner.namespace, owner.name, meta["resourceVersion"], decision.status.to_wire())
         return decision.requeue_after
