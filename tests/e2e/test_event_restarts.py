@@ -44,8 +44,8 @@ class DiesAfterStatusWrite(KubeClient):
 
 
 def operator_events(cluster: Cluster, namespace: str, obj: Manifest) -> Counter[str]:
-    """The operator's Events about `obj` whose reason is one of its history entries' (the lifecycle events; others,
-    e.g. an AbortIgnored after a restart re-read a gate not yet cleared, are best effort and not counted)."""
+    """The operator's Events about `obj` whose reason is one of its history entries' (the lifecycle events; the
+    others are best effort and not counted)."""
     uid, lifecycle = obj["metadata"]["uid"], set(history_reasons(obj))
     items: list[dict[str, Any]] = cluster.get_json(  # type: ignore[assignment]
         "events", "-n", namespace, "--field-selector", f"involvedObject.uid={uid}"

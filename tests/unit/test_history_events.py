@@ -5,12 +5,15 @@ from datetime import timedelta
 
 import pytest
 
+from kvcal.core.decide import decide
 from kvcal.core.events import history_event_name
-from kvcal.models.status import HistoryEntry, Phase
+from kvcal.core.observations import ABORT_ANNOTATION, PROMOTE_ANNOTATION, ClearAnnotations
+from kvcal.core.spechash import spec_hash
+from kvcal.models.status import CalibrationStatus, HistoryEntry, KVCalibrationStatus, Phase
 from kvcal.ports import Manifest
 from kvcal.services.reconciler import Reconciler
 from tests.unit.test_decide_reconciler import FakeKube, kvcal
-from tests.unit.test_decide_support import NOW
+from tests.unit.test_decide_support import NOW, observations, spec
 
 
 class Killed(BaseException):
@@ -56,3 +59,14 @@ def test_entries_older_than_the_event_ttl_are_not_resent() -> None:
     kube.event_names.clear()  # the API server dropped the Event after its TTL
     Reconciler(kube, clock=lambda: NOW + timedelta(hours=2)).reconcile("llm", "smollm2")
     assert [c for c in kube.calls if c.startswith("event")] == ["event CalibrationStarted"]
+
+
+@pytest.mark.parametrize(
+    ("phase", "gate"), [(Phase.ROLLING_BACK, ABORT_ANNOTATION), (Phase.PROMOTING, PROMOTE_ANNOTATION)]
+)
+def test_a_gate_seen_again_after_a_restart_is_cleared_without_a_warning(phase: Phase, gate: str) -> None:
+    """Killed after writing the phase a gate caused, before clearing the gate: the restart does not say "ignored"."""
+    status = KVCalibrationStatus(phase=phase, calibration=CalibrationStatus(job="j", spec_hash=spec_hash(spec())))
+    d = decide(spec(), status, observations(gates={gate: "1"}), NOW)
+    assert ClearAnnotations((gate,)) in d.actions
+    assert not [e for e in d.events if e.reason.endswith("Ignored")]
