@@ -5,6 +5,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from kvcal.adapters.router import canary_share
 from kvcal.core.decide import decide
 from kvcal.core.deletion import decide_deletion
@@ -71,6 +73,13 @@ def test_rollback_routes_to_the_baseline_reads_it_back_drains_then_deletes() -> 
 
     gone = decide(GATEWAY, deleting.status, observations(routed_weight=0), done)
     assert gone.status.phase == P.ROLLED_BACK and actions(gone) == ["SetWeight 0", *DELETES]
+
+
+def test_the_drain_is_never_shorter_than_drain_delay() -> None:
+    status = start(P.ROLLING_BACK, weight=0)
+    later = NOW + timedelta(milliseconds=900)  # status times are whole seconds: rounded up, not down
+    d = decide(GATEWAY, status, observations(canary=canary(), routed_weight=0), later)
+    assert d.status.canary.draining_since == "2026-01-02T03:04:06Z" and d.requeue_after == pytest.approx(30.1)
 
 
 def test_a_route_put_back_on_the_canary_restarts_the_drain() -> None:

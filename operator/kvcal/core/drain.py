@@ -36,12 +36,16 @@ def drain_step(
         return Drain(done=False, draining_since=None, wait_seconds=ROUTE_POLL_SECONDS, message=message)
     if draining_since is None and not canary_exists:
         return Drain(done=True, draining_since=None)  # no canary pods and no route to them: nothing in flight
-    since = draining_since or rfc3339(now)
+    since = draining_since or rfc3339(_next_whole_second(now))  # status keeps whole seconds: never drain less
     left = (_parse(since) + timedelta(seconds=traffic.drain_delay_seconds) - now).total_seconds()
     if left > 0:
         message = f"HTTPRoute {traffic.http_route} sends 0% to the canary: draining {left:.0f}s before deleting it"
         return Drain(done=False, draining_since=since, wait_seconds=left, message=message)
     return Drain(done=True, draining_since=since)
+
+
+def _next_whole_second(moment: datetime) -> datetime:
+    return moment if moment.microsecond == 0 else moment.replace(microsecond=0) + timedelta(seconds=1)
 
 
 def _parse(value: str) -> datetime:
