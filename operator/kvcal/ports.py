@@ -54,8 +54,9 @@ class Kube(Protocol):
 
     def remove_annotations(self, namespace: str, name: str, keys: Sequence[str]) -> None: ...
 
-    def emit_event(self, involved: Manifest, type_: str, reason: str, message: str) -> None:
-        """A core/v1 Event about `involved` (a full object: kind, metadata.name/namespace/uid are used)."""
+    def emit_event(self, involved: Manifest, type_: str, reason: str, message: str, name: str | None = None) -> bool:
+        """A core/v1 Event about `involved` (a full object: kind, metadata.name/namespace/uid are used). With `name`,
+        False (and no error) when an Event of that name already exists; without, a fresh name every call."""
         ...
 
 
@@ -75,6 +76,11 @@ class Router(Protocol):
     """Sends `weight` percent of user traffic to the canary (no-op for the replicas and none routers)."""
 
     def set_weight(self, target: "Target", weight: int) -> None: ...
+
+    def get_weight(self, target: "Target") -> int | None:
+        """The canary's share as the router reports it now; None where there is no weight to read (replicas: the
+        replica ratio is the weight; none: no user traffic)."""
+        ...
 
 
 @dataclass(frozen=True)

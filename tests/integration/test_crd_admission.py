@@ -55,7 +55,7 @@ def test_minimal_example_gets_the_documented_defaults(
     assert spec["calibration"]["samples"] == 512
     assert spec["calibration"]["observer"] == "static-minmax"
     assert spec["calibration"]["job"] == {"activeDeadlineSeconds": 3600, "backoffLimit": 1}
-    assert spec["serving"]["traffic"] == {"router": "replicas", "steps": [10, 50]}
+    assert spec["serving"]["traffic"] == {"router": "replicas", "steps": [10, 50], "drainDelay": "30s"}
     assert [c["metric"] for c in spec["analysis"]["latency"]] == ["ttft", "itl", "e2e"]
     assert spec["promotion"] == {"mode": "auto"}
 
@@ -188,6 +188,7 @@ MALFORMED: list[tuple[str, Callable[[Spec], None], str, str]] = [
     ("interval-words", _set("analysis.interval", "1 minute"), "spec.analysis.interval", "should match"),
     ("interval-zero", _set("analysis.interval", "0s"), "spec.analysis.interval", "at least 1s"),
     ("warmup-empty", _set("analysis.warmup", ""), "spec.analysis.warmup", "at least 2 chars"),
+    ("drain-words", _set("serving.traffic.drainDelay", "soon"), "spec.serving.traffic.drainDelay", "should match"),
     ("error-rate", _set("analysis.maxErrorRate", 2), "spec.analysis.maxErrorRate", "less than or equal to 1"),
     (
         "prometheus-url",

@@ -22,6 +22,7 @@ class FakeKube:
         self.objects = {(o["kind"], o["metadata"]["name"]): copy.deepcopy(o) for o in objects}
         self.calls: list[str] = []
         self.conflicts = 0  # how many replace_status calls still answer 409
+        self.event_names: set[str] = set()
 
     def get(self, kind: Kind, namespace: str, name: str) -> Manifest | None:
         self.calls.append(f"get {kind}/{name}")
@@ -65,8 +66,12 @@ class FakeKube:
     def remove_annotations(self, namespace: str, name: str, keys: Sequence[str]) -> None:
         self.calls.append(f"remove_annotations {','.join(keys)}")
 
-    def emit_event(self, involved: Manifest, type_: str, reason: str, message: str) -> None:
+    def emit_event(self, involved: Manifest, type_: str, reason: str, message: str, name: str | None = None) -> bool:
+        if name is not None and name in self.event_names:
+            return False  # AlreadyExists, as the API server answers
+        self.event_names.add(name or f"random-{len(self.calls)}")
         self.calls.append(f"event {reason}")
+        return True
 
 
 def kvcal(**meta: Any) -> Manifest:

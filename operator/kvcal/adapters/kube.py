@@ -177,14 +177,14 @@ class KubeClient:
     def remove_annotations(self, namespace: str, name: str, keys: Sequence[str]) -> None:
         self.patch("KVCalibration", namespace, name, {"metadata": {"annotations": dict.fromkeys(keys)}})
 
-    def emit_event(self, involved: Manifest, type_: str, reason: str, message: str) -> None:
+    def emit_event(self, involved: Manifest, type_: str, reason: str, message: str, name: str | None = None) -> bool:
         meta = involved["metadata"]
         moment = datetime.now(UTC)
         now = rfc3339(moment)
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": meta["namespace"]},
+            "metadata": {"name": name or f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": meta["namespace"]},
             "involvedObject": {
                 "apiVersion": involved.get("apiVersion"),
                 "kind": involved.get("kind"),
@@ -206,4 +206,10 @@ class KubeClient:
             "action": reason,
             "count": 1,
         }
-        self.request("POST", "Event", meta["namespace"], body=body)
+        try:
+            self.request("POST", "Event", meta["namespace"], body=body)
+        except ApiException as e:
+            if e.status == 409 and name is not None:
+                return False  # sent before (by this process or the one before a restart)
+            raise
+        return True

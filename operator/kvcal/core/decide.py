@@ -43,11 +43,11 @@ OBSERVES: dict[Phase, frozenset[str]] = {
     P.PENDING: frozenset({"calibration_job"}),
     P.CALIBRATING: frozenset({"calibration_job"}),
     P.VERIFYING: frozenset({"verification_job", "baseline"}),
-    P.DEPLOYING: frozenset({"canary", "baseline", "baseline_service"}),
-    P.ANALYZING: frozenset({"canary", "baseline", "baseline_service"}),
-    P.AWAITING_PROMOTION: frozenset({"canary", "baseline"}),
-    P.PROMOTING: frozenset({"canary", "baseline"}),
-    P.ROLLING_BACK: frozenset({"canary", "calibration_job", "verification_job"}),
+    P.DEPLOYING: frozenset({"canary", "baseline", "baseline_service", "routed_weight"}),
+    P.ANALYZING: frozenset({"canary", "baseline", "baseline_service", "routed_weight"}),
+    P.AWAITING_PROMOTION: frozenset({"canary", "baseline", "routed_weight"}),
+    P.PROMOTING: frozenset({"canary", "baseline", "routed_weight"}),
+    P.ROLLING_BACK: frozenset({"canary", "calibration_job", "verification_job", "routed_weight"}),
     P.SUCCEEDED: frozenset(),
     P.ROLLED_BACK: frozenset(),
     P.FAILED: frozenset(),
@@ -127,14 +127,15 @@ def _on_gates(b: Builder, spec: KVCalibrationSpec) -> None:
         if b.phase in ACTIVE:
             b.condition("AnalysisPassed", "False", "Aborted", "aborted by the kvcal.dev/abort annotation")
             b.move(P.ROLLING_BACK, "Aborted", "aborted by the kvcal.dev/abort annotation: rolling back")
-        else:
+        elif b.phase != P.ROLLING_BACK:  # RollingBack: the abort's own effect, seen again after a restart
             b.event("Warning", "AbortIgnored", f"nothing to abort in phase {b.phase}")
     if gates.get(RETRY_ANNOTATION):
         b.do(ClearAnnotations((RETRY_ANNOTATION,)))
         _retry(b, spec)
     if gates.get(PROMOTE_ANNOTATION) and b.phase != P.AWAITING_PROMOTION:
         b.do(ClearAnnotations((PROMOTE_ANNOTATION,)))
-        b.event("Warning", "PromoteIgnored", f"nothing to promote in phase {b.phase}: wait for AwaitingPromotion")
+        if b.phase != P.PROMOTING:  # Promoting: the promotion's own annotation, seen again after a restart
+            b.event("Warning", "PromoteIgnored", f"nothing to promote in phase {b.phase}: wait for AwaitingPromotion")
 
 
 def _retry(b: Builder, spec: KVCalibrationSpec) -> None:

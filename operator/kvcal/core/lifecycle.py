@@ -9,6 +9,8 @@ from typing import Any
 
 from kvcal.core.analysis import assess_run
 from kvcal.core.conditions import CONDITION_TYPES, set_condition
+from kvcal.core.drain import drain_step
+from kvcal.core.events import history_event
 from kvcal.core.manifests import (
     build_calibration_configmap,
     build_calibration_job,
@@ -69,7 +71,6 @@ POLL_SECONDS: dict[Phase, float | None] = {
     P.FAILED: None,
     P.INVALID_SPEC: None,
 }
-_WARNING_PHASES = frozenset({P.FAILED, P.ROLLING_BACK, P.ROLLED_BACK, P.INVALID_SPEC})
 
 
 def next_measurement_at(spec: AnalysisSpec, status: AnalysisStatus) -> datetime | None:
@@ -121,7 +122,9 @@ class Builder:
             phase_started_at=at,
             history=[*self.status.history, entry][-MAX_HISTORY:],
         )
-        self.event("Warning" if phase in _WARNING_PHASES else "Normal", reason, message)
+        # The reconciler sends this one from status.history (idempotently, surviving a restart); listed here so a
+        # decision says everything it announces.
+        self.events.append(history_event(entry))
 
     def event(self, type_: str, reason: str, message: str) -> None:
         self.events.append(Event("Warning" if type_ == "Warning" else "Normal", reason, message[:1024]))
@@ -151,6 +154,21 @@ def remove_children(b: Builder, *, include_jobs: bool) -> None:
                 b.do(Delete("Job", job))
         if b.status.calibration.job:
             b.do(Delete("ConfigMap", b.status.calibration.job))
+
+
+def remove_canary(b: Builder, spec: KVCalibrationSpec) -> bool:
+    """Route 100% to the baseline, read it back, drain, then delete the canary (see core.drain); True once deleting."""
+    b.do(SetWeight(0))
+    routed = b.obs.routed_weight
+    drain = drain_step(spec.serving.traffic, routed, b.status.canary.draining_since, b.obs.canary is not None, b.now)
+    weight = routed if routed is not None else (0 if drain.done else b.status.canary.weight)
+    b.update(canary=b.status.canary.model_copy(update={"weight": weight, "draining_since": drain.draining_since}))
+    if not drain.done:
+        b.wait(drain.message, drain.wait_seconds)
+        return False
+    name = canary_name(b.obs.owner.name)
+    b.do(Delete("Deployment", name), Delete("Service", name))
+    return True
 
 
 def fail(b: Builder, reason: str, message: str) -> None:
@@ -327,10 +345,11 @@ def _analyzing(b: Builder, spec: KVCalibrationSpec, h: str) -> None:
         b.move(P.ROLLING_BACK, "AnalysisFailed", verdict.reason)
         _rolling_back(b, spec, h)
         return
+    drift = _reassert_weight(b, spec)
     if verdict.outcome == "Running":
         due = next_measurement_at(spec.analysis, b.status.analysis)
         wait = max(1.0, (due - b.now).total_seconds()) if due else POLL_SECONDS[P.ANALYZING]
-        b.wait(verdict.reason, wait)
+        b.wait(f"{drift}; {verdict.reason}" if drift else verdict.reason, wait)
         return
     steps = spec.serving.traffic.steps
     step = b.status.canary.step_index
@@ -351,6 +370,18 @@ def _analyzing(b: Builder, spec: KVCalibrationSpec, h: str) -> None:
         return
     b.move(P.PROMOTING, "Promoting", f"analysis passed ({verdict.reason}): promoting")
     _promoting(b, spec, h)
+
+
+def _reassert_weight(b: Builder, spec: KVCalibrationSpec) -> str:
+    """Level-triggered like Argo Rollouts: ask for the step's weight every pass; a route edited behind our back is
+    reported (Warning event, message) and put back. The replicas router has no weight to read, so no drift to see."""
+    desired, routed = b.status.canary.weight, b.obs.routed_weight
+    b.do(SetWeight(desired))
+    if routed is None or routed == desired:
+        return ""
+    drift = f"HTTPRoute {spec.serving.traffic.http_route} sent {routed}% to the canary, not {desired}%: set it back"
+    b.event("Warning", "WeightDrift", drift)
+    return drift
 
 
 def _awaiting_promotion(b: Builder, spec: KVCalibrationSpec, h: str) -> None:
@@ -384,7 +415,9 @@ def _promoting(b: Builder, spec: KVCalibrationSpec, h: str) -> None:
         b.condition("Promoted", "False", "RollingOut", message)
         b.wait(message)
         return
-    remove_children(b, include_jobs=False)
+    if not remove_canary(b, spec):
+        b.condition("Promoted", "False", "DrainingCanary", b.status.message or "")
+        return
     b.update(canary=b.status.canary.model_copy(update={"weight": 0, "ready_replicas": 0}))
     message = f"{name} serves the calibrated checkpoint with FP8 KV on all {baseline.replicas} pods"
     b.condition("Promoted", "True", "RolledOut", message)
@@ -392,11 +425,11 @@ def _promoting(b: Builder, spec: KVCalibrationSpec, h: str) -> None:
 
 
 def _rolling_back(b: Builder, spec: KVCalibrationSpec, h: str) -> None:
-    remove_children(b, include_jobs=False)
     for job in (b.obs.calibration_job, b.obs.verification_job):
         if job is not None and job.state == "Running":
             b.do(Delete("Job", job.name))
-    b.update(canary=b.status.canary.model_copy(update={"weight": 0}))
+    if not remove_canary(b, spec):
+        return
     if b.obs.canary is not None:
         b.wait("removing the canary", POLL_SECONDS[P.ROLLING_BACK])
         return

@@ -59,6 +59,9 @@ class Observations:
     baseline: DeploymentState | None = None
     baseline_service: Manifest | None = None
     measurements: tuple[Measurement, ...] = ()
+    # The canary's share of user traffic as the router reports it (read back, never assumed); None where the router
+    # has no weight to read (replicas: the replica ratio is the weight; none: no user traffic) or it was not read.
+    routed_weight: int | None = None
     spec_error: str | None = None  # the spec failed validation: why, naming the field
     policy: Policy = field(default_factory=Policy)  # the operator's security policy (chart values policy.*)
 

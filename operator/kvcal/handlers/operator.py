@@ -2,8 +2,9 @@
 
 - One daemon per KVCalibration (id `kvcal-reconcile`) runs reconcile passes; it sleeps for the pass's requeue delay
   or until woken by a watch event on the KVCalibration or one of its Jobs / canary Deployment (ids `kvcal-wake-*`).
-- On delete (id `kvcal-cleanup`) the finalizer `kvcal.dev/finalizer` holds the object until the canary, Services,
-  Jobs and ConfigMaps are gone; the baseline is never touched.
+- On delete (id `kvcal-cleanup`) the finalizer `kvcal.dev/finalizer` holds the object until the canary is out of
+  traffic (0% read back from the router, then spec.serving.traffic.drainDelay) and the canary, Services, Jobs and
+  ConfigMaps are gone; the baseline is never touched.
 - kopf's own progress and diff-base bookkeeping go to annotations under `kvcal.dev/` (never to status, never spec).
 """
 
@@ -135,10 +136,14 @@ def build_registry(reconciler: Reconciler, wakers: Wakers, api: client.ApiClient
     @kopf.on.delete(GROUP, VERSION, PLURAL, id="kvcal-cleanup", registry=registry)
     async def cleanup(name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
         namespace = namespace or ""
-        removed = await asyncio.to_thread(reconciler.cleanup, namespace, name)
+        while True:  # drain passes: the state lives in status, so a restart resumes where this one stopped
+            result = await asyncio.to_thread(reconciler.cleanup, namespace, name)
+            if result.retry_after is None:
+                break
+            await asyncio.sleep(result.retry_after)
         if reconciler.metrics:
             reconciler.metrics.set_phase(namespace, name, None)
-        logger.info("removed %s", ", ".join(removed) or "nothing")
+        logger.info("removed %s", ", ".join(result.removed) or "nothing")
 
     return registry
 

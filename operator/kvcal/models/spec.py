@@ -145,6 +145,8 @@ class TrafficSpec(SpecModel):
     router: Literal["replicas", "gateway-api", "none"] = "replicas"
     steps: list[int] = Field(default=[10, 50], min_length=1, max_length=10)
     http_route: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    # After the router reports 0% on the canary, how long in-flight requests get before the canary is deleted.
+    drain_delay: str = Field(default="30s", min_length=2, max_length=16, pattern=DURATION_PATTERN)
 
     @field_validator("steps")
     @classmethod
@@ -160,6 +162,10 @@ class TrafficSpec(SpecModel):
         if self.router == "gateway-api" and self.http_route is None:
             raise ValueError("spec.serving.traffic.httpRoute is required when router is gateway-api")
         return self
+
+    @property
+    def drain_delay_seconds(self) -> float:
+        return parse_duration(self.drain_delay)
 
 
 class ServingSpec(SpecModel):

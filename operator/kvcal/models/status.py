@@ -96,6 +96,8 @@ class CanaryStatus(Model):
     weight: int = 0
     step_index: int = 0
     ready_replicas: int = 0
+    # When the router was first seen at 0% on the canary on its way out (rollback, promotion, delete).
+    draining_since: str | None = None
 
 
 class Measurement(Model):

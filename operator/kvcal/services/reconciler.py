@@ -4,18 +4,26 @@ The only place where the pure core meets the adapters. A pass reads the KVCalibr
 API, lets `decide` compute the whole next status and the actions, performs the actions (idempotent: deterministic
 names, create-if-absent), writes the status once with the resourceVersion it read (a 409 re-runs the pass), then
 emits the events and clears the gate annotations it acted on.
+
+Lifecycle events are sent from status.history, each under a name fixed by (object uid, entry): a pass re-sends any
+entry whose Event it has not seen created (the API's AlreadyExists counts as sent), so an operator killed between the
+status write and the events loses none and sends none twice. Other events (WeightDrift, *Ignored) stay best effort:
+one per pass that decides them, lost if the process dies first.
 """
 
 import logging
 import time
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from pydantic import ValidationError
 
 from kvcal.core.analysis import error_measurement
 from kvcal.core.decide import OBSERVES, decide, measurement_due
+from kvcal.core.deletion import decide_deletion
 from kvcal.core.endpoints import probe_urls
+from kvcal.core.events import history_event, history_event_name
 from kvcal.core.manifests import Owner, calibration_job_name, canary_name, verification_job_name
 from kvcal.core.manifests.common import LABEL_CALIBRATION, LABEL_MANAGED_BY, MANAGED_BY, label_value
 from kvcal.core.observations import (
@@ -43,6 +51,17 @@ from kvcal.ports import AnalysisBackends, Conflict, Kube, Manifest, Target
 
 log = logging.getLogger(__name__)
 MAX_CONFLICT_RETRIES = 3
+# The API server drops Events after --event-ttl (1 h by default): an older entry is not re-sent after a restart, where
+# AlreadyExists could no longer tell that it was sent.
+EVENT_RESEND_WINDOW = timedelta(minutes=50)
+
+
+@dataclass
+class Cleanup:
+    """One pass of the delete handler: `retry_after` None once every child is deleted."""
+
+    removed: list[str] = field(default_factory=list)
+    retry_after: float | None = None
 
 
 def parse_spec(obj: Manifest) -> tuple[KVCalibrationSpec | None, str | None]:
@@ -112,6 +131,7 @@ class Reconciler:
         # The security policy (chart values policy.*); its calibrator image (chart value jobImages.calibrator) is
         # applied at the boundary to specs that name none, so the pure core only ever sees a complete spec.
         self.policy = policy or Policy()
+        self._sent_events: dict[str, set[str]] = {}  # object uid -> history Event names known to exist
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """One pass; returns seconds until the next one (None: only when something changes)."""
@@ -153,10 +173,35 @@ class Reconciler:
         self._after_write(obj, owner, status, decision, now)
         return decision.requeue_after
 
+    def send_history_events(self, obj: Manifest, status: KVCalibrationStatus, now: datetime) -> None:
+        """One Event per status.history entry, exactly once across restarts (see the module docstring)."""
+        uid = obj["metadata"]["uid"]
+        sent = self._sent_events.get(uid, set())
+        current = set()
+        for entry in status.history:
+            name = history_event_name(obj["metadata"]["name"], uid, entry)
+            current.add(name)
+            if name in sent:
+                continue
+            if now - datetime.fromisoformat(entry.at.replace("Z", "+00:00")) > EVENT_RESEND_WINDOW:
+                sent.add(name)
+                continue
+            event = history_event(entry)
+            try:
+                self.kube.emit_event(obj, event.type, event.reason, event.message, name=name)
+                sent.add(name)
+            except Exception:  # the next pass tries again
+                log.exception("could not emit event %s", event.reason)
+        self._sent_events[uid] = sent & current
+
     def _after_write(
         self, obj: Manifest, owner: Owner, before: KVCalibrationStatus, decision: Decision, now: datetime
     ) -> None:
+        self.send_history_events(obj, decision.status, now)
+        lifecycle = {history_event(entry) for entry in decision.status.history}
         for event in decision.events:
+            if event in lifecycle:
+                continue  # sent from the history above
             try:
                 self.kube.emit_event(obj, event.type, event.reason, event.message)
             except Exception:  # an event is best effort: never fail a reconcile over it
@@ -209,11 +254,16 @@ class Reconciler:
             baseline=deployment("baseline", baseline.deployment),
             baseline_service=self.kube.get("Service", ns, baseline.service) if "baseline_service" in needs else None,
             policy=self.policy,
+            routed_weight=self.routed_weight(owner, spec) if "routed_weight" in needs else None,
         )
         if measurement_due(spec.analysis, status, now):
             target = self._target(owner, spec)
             obs = Observations(**{**obs.__dict__, "measurements": tuple(self.measure(target, now))})
         return obs
+
+    def routed_weight(self, owner: Owner, spec: KVCalibrationSpec) -> int | None:
+        router = self.backends.router(self._target(owner, spec)) if self.backends else None
+        return None if router is None else router.get_weight(self._target(owner, spec))
 
     def _target(self, owner: Owner, spec: KVCalibrationSpec) -> Target:
         canary = canary_name(owner.name)
@@ -273,8 +323,19 @@ class Reconciler:
                 case ClearAnnotations():
                     pass  # after the status write: the status must record what the annotation caused
 
-    def cleanup(self, namespace: str, name: str) -> list[str]:
-        """On delete: remove every child we created (canary, Jobs, ConfigMaps); the baseline is never touched."""
+    def cleanup(self, namespace: str, name: str) -> Cleanup:
+        """On delete: take the canary out of traffic (core.deletion; the drain state goes to status, so a restart
+        resumes it), then remove every child we created (canary, Jobs, ConfigMaps); the baseline is never touched."""
+        for _ in range(MAX_CONFLICT_RETRIES):
+            try:
+                retry_after = self._drain_for_deletion(namespace, name)
+                break
+            except Conflict as e:
+                log.info("%s; re-reading", e)
+        else:
+            retry_after = 1.0
+        if retry_after is not None:
+            return Cleanup(retry_after=retry_after)
         removed: list[str] = []
         selector = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_CALIBRATION: label_value(name)}
         kinds: tuple[ChildKind, ...] = ("Deployment", "Service", "Job", "ConfigMap")
@@ -283,4 +344,24 @@ class Reconciler:
                 child_name = child["metadata"]["name"]
                 if self.kube.delete(kind, namespace, child_name):
                     removed.append(f"{kind}/{child_name}")
-        return removed
+        return Cleanup(removed)
+
+    def _drain_for_deletion(self, namespace: str, name: str) -> float | None:
+        obj = self.kube.get("KVCalibration", namespace, name)
+        if obj is None:
+            return None
+        meta = obj["metadata"]
+        self._sent_events.pop(meta["uid"], None)  # no history entry comes after the delete
+        now = self.clock()
+        spec, _ = parse_spec(obj)
+        status = parse_status(obj)
+        owner = Owner(meta["name"], meta["namespace"], meta["uid"])
+        obs = Observations(owner=owner, generation=int(meta.get("generation", 1)))
+        if spec is not None:
+            canary = deployment_state(self.kube.get("Deployment", owner.namespace, canary_name(owner.name)))
+            obs = Observations(**{**obs.__dict__, "canary": canary, "routed_weight": self.routed_weight(owner, spec)})
+        decision = decide_deletion(spec, status, obs, now)
+        self.act(owner, decision, self._target(owner, spec) if spec else None)
+        if decision.requeue_after is not None and decision.status != status:  # the drain resumes from status
+            self.kube.replace_status(owner.namespace, owner.name, meta["resourceVersion"], decision.status.to_wire())
+        return decision.requeue_after

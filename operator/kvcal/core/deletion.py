@@ -1,0 +1,20 @@
+"""What deleting a KVCalibration does before its finalizer goes: the canary leaves traffic the way a rollback takes
+it out (core.drain: 0% asked, 0% read back, drainDelay, then delete), whatever phase the object was in."""
+
+from datetime import datetime
+
+from kvcal.core.lifecycle import Builder, remove_canary
+from kvcal.core.observations import Decision, Observations
+from kvcal.models.spec import KVCalibrationSpec
+from kvcal.models.status import KVCalibrationStatus
+
+
+def decide_deletion(
+    spec: KVCalibrationSpec | None, status: KVCalibrationStatus, obs: Observations, now: datetime
+) -> Decision:
+    """requeue_after None: the canary is being deleted and the rest of the children may go; else look again then.
+    An unreadable spec names no router: nothing can be asked of it, so the children go at once."""
+    b = Builder(spec, status, obs, now)
+    done = spec is None or remove_canary(b, spec)
+    decision = b.finish()
+    return Decision(decision.status, decision.actions, None if done else decision.requeue_after, decision.events)

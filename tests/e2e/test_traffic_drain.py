@@ -1,0 +1,192 @@
+"""Issue #10 item 5 on the real API server: with router gateway-api, deleting a KVCalibration mid-Analyzing, or
+rolling it back, first puts the HTTPRoute at 100% on the baseline, and only a drainDelay later deletes the canary
+Service; an HTTPRoute edited behind the operator's back is reported and put back.
+
+The operator runs in-process under the chart's ServiceAccount (tests/e2e/test_lifecycle.py's harness) with the real
+GatewayApiRouter; the phases before Deploying are skipped by writing status (the calibrator and verifier are proven
+in test_lifecycle): the operator only ever acts on what it reads.
+"""
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, config
+
+from kvcal.adapters.kube import KubeClient
+from kvcal.adapters.router import GatewayApiRouter, canary_share
+from kvcal.ports import Metrics, Probes, Router, Target
+from tests.e2e.test_lifecycle import FakeMetrics, OperatorThread, World, baseline, dataset_configmap, kvcalibration
+from tests.integration.test_ctl_cluster import HTTPROUTE_CRD
+from tests.support.chart import install_chart, release_name, uninstall_chart
+from tests.support.cluster import Cluster, wait_for
+from tests.support.kubelet import FakeKubelet
+
+pytestmark = pytest.mark.cluster
+ROUTE_API = ("gateway.networking.k8s.io", "v1")
+DRAIN_SECONDS = 3
+TRAFFIC = {"router": "gateway-api", "httpRoute": "llm", "steps": [30], "drainDelay": f"{DRAIN_SECONDS}s"}
+
+
+@dataclass
+class GatewayBackends:
+    """Fake metrics (held: the analysis keeps running), the real HTTPRoute router under the chart's ServiceAccount."""
+
+    router_fake: GatewayApiRouter
+    metrics_fake: FakeMetrics = field(default_factory=FakeMetrics)
+
+    def metrics(self, target: Target) -> Metrics | None:
+        return self.metrics_fake
+
+    def probes(self, target: Target) -> Probes | None:
+        return None
+
+    def router(self, target: Target) -> Router | None:
+        return self.router_fake
+
+
+@pytest.fixture
+def world(
+    control_plane: Cluster, crd_installed: str, namespace: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> Iterator[World]:
+    control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(HTTPROUTE_CRD))
+    control_plane.kubectl("wait", "--for=condition=Established", "crd/httproutes.gateway.networking.k8s.io")
+    release = install_chart(control_plane, namespace, release_name(), {"rbac.scope": "namespace"}, tmp_path)
+    kube = KubeClient(control_plane.api_client())
+    kubelet = FakeKubelet(kube, namespace, tmp_path).start()
+    sa_api = config.new_client_from_config(config_file=str(release.kubeconfig))  # type: ignore[no-untyped-call]
+    backends = GatewayBackends(GatewayApiRouter(sa_api))
+    backends.metrics_fake.held.set()
+    operator = OperatorThread(release.kubeconfig, namespace, backends)  # type: ignore[arg-type]
+    operator.start()
+    try:
+        yield World(control_plane, namespace, kube, kubelet, operator, backends, tmp_path / "out")  # type: ignore[arg-type]
+        forbidden = [r.getMessage() for r in caplog.records if "forbidden" in r.getMessage().lower()]
+        assert not forbidden, f"the chart's RBAC refused the operator: {forbidden[:3]}"
+    finally:
+        operator.stop()
+        kubelet.stop()
+        uninstall_chart(control_plane, release)
+
+
+def routes(w: World) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(w.cluster.api_client())
+
+
+def route_rules(w: World) -> list[dict[str, Any]]:
+    obj: dict[str, Any] = routes(w).get_namespaced_custom_object(*ROUTE_API, w.namespace, "httproutes", "llm")  # type: ignore[assignment]
+    rules: list[dict[str, Any]] = obj["spec"]["rules"]
+    return rules
+
+
+def canary_weight(w: World, name: str) -> int:
+    return canary_share(route_rules(w), "llm", f"{name}-canary")
+
+
+def analyzing(w: World, name: str, tmp_path: Path) -> None:
+    """Baseline, HTTPRoute and a KVCalibration brought to Analyzing at 30% on the canary."""
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    for m in [*baseline(model, replicas=1), dataset_configmap()]:
+        w.apply(m)
+    route = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "llm"},
+             "spec": {"rules": [{"backendRefs": [{"name": "llm", "port": 80}]}]}}  # fmt: skip
+    routes(w).create_namespaced_custom_object(*ROUTE_API, w.namespace, "httproutes", route)
+    w.kubelet.hold("calibration")
+    serving = {"baseline": {"deployment": "llm", "service": "llm"}, "traffic": TRAFFIC}
+    w.apply(kvcalibration(name, model, w.out, serving=serving))
+    obj = w.wait_phase(name, "Calibrating", 30)
+    # Skip the calibrator and the verifier: the scales are "verified", the operator deploys the canary next.
+    status = {"phase": "Deploying", "verification": {"job": f"{obj['status']['calibration']['job']}-v", "layers": 1,
+                                                     "mismatches": 0}}  # fmt: skip
+    w.cluster.kubectl("patch", "-n", w.namespace, f"kvcalibration/{name}", "--subresource=status", "--type=merge",
+                      "-p", yaml.safe_dump({"status": status}))  # fmt: skip
+    obj = w.wait_phase(name, "Analyzing", 60)
+    assert obj["status"]["canary"]["weight"] == 30
+    assert canary_weight(w, name) == 30
+
+
+class Recorder:
+    """Polls the HTTPRoute and the canary Service and records when each change was first seen."""
+
+    def __init__(self, w: World, name: str) -> None:
+        self.w, self.name = w, name
+        self.route_zero_at: float | None = None
+        self.service_gone_at: float | None = None
+        self.weight_when_service_gone: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Recorder":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            weight = canary_weight(self.w, self.name)
+            service = self.w.kube.get("Service", self.w.namespace, f"{self.name}-canary")
+            now = time.monotonic()
+            if weight == 0 and self.route_zero_at is None:
+                self.route_zero_at = now
+            if service is None and self.service_gone_at is None:
+                self.service_gone_at, self.weight_when_service_gone = now, weight
+            self._stop.wait(0.05)  # poll period of the recorder
+
+    def assert_routed_away_then_drained(self) -> None:
+        assert self.route_zero_at is not None and self.service_gone_at is not None
+        assert self.weight_when_service_gone == 0
+        # The Service went only after the route had shown 0% for the drain delay (less the recorder's poll period).
+        assert self.service_gone_at - self.route_zero_at >= DRAIN_SECONDS - 0.5, (
+            self.route_zero_at,
+            self.service_gone_at,
+        )
+
+
+def test_delete_mid_analysis_routes_to_the_baseline_before_deleting_the_canary(world: World, tmp_path: Path) -> None:
+    w, name = world, "gw-delete"
+    analyzing(w, name, tmp_path)
+    with Recorder(w, name) as recorder:
+        w.cluster.kubectl("delete", "-n", w.namespace, f"kvcalibration/{name}", "--wait=true", "--timeout=60s")
+        wait_for(lambda: recorder.service_gone_at is not None, 10, "the recorder to see the canary Service gone")
+    recorder.assert_routed_away_then_drained()
+    assert w.kube.get("KVCalibration", w.namespace, name) is None
+    assert route_rules(w) == [{"backendRefs": [{"name": "llm", "port": 80}]}]  # the route as it was
+    assert w.children("Deployment", name) == [] and w.children("Job", name) == []
+    assert w.kube.get("Deployment", w.namespace, "llm") is not None
+
+
+def test_rollback_routes_to_the_baseline_before_deleting_the_canary(world: World, tmp_path: Path) -> None:
+    w, name = world, "gw-abort"
+    analyzing(w, name, tmp_path)
+    with Recorder(w, name) as recorder:
+        w.cluster.kubectl("annotate", "-n", w.namespace, f"kvcalibration/{name}", "kvcal.dev/abort=e2e")
+        obj = w.wait_phase(name, "RolledBack", 60)
+    recorder.assert_routed_away_then_drained()
+    assert obj["status"]["canary"]["weight"] == 0 and w.children("Deployment", name) == []
+    assert [h["phase"] for h in obj["status"]["history"]][-2:] == ["RollingBack", "RolledBack"]
+
+
+def test_route_edited_during_analysis_is_reported_and_put_back(world: World, tmp_path: Path) -> None:
+    w, name = world, "gw-drift"
+    analyzing(w, name, tmp_path)
+    rules = route_rules(w)
+    for ref in rules[0]["backendRefs"]:
+        ref["weight"] = 40 if ref["name"] == f"{name}-canary" else 60
+    patch = {"spec": {"rules": rules}}
+    routes(w).patch_namespaced_custom_object(*ROUTE_API, w.namespace, "httproutes", "llm", patch,
+                                             _content_type="application/merge-patch+json")  # fmt: skip
+    wait_for(lambda: "WeightDrift" in w.events(name), 30, "a WeightDrift event")
+    wait_for(lambda: canary_weight(w, name) == 30, 30, "the HTTPRoute back at 30% on the canary")
+    drift = w.cluster.get_json("events", "-n", w.namespace, "--field-selector", "reason=WeightDrift")["items"]
+    event: dict[str, Any] = drift[0]  # type: ignore[index]
+    assert event["type"] == "Warning" and "sent 40% to the canary, not 30%" in event["message"]
+    assert w.phase(name) == "Analyzing"
