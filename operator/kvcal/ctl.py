@@ -1,6 +1,6 @@
-"""`kvcal status|promote|abort|retry NAME` (also installed as the kubectl plugin `kubectl-kvcal`).
+"""`kvcal status|promote|abort|retry|recalibrate NAME` (also installed as the kubectl plugin `kubectl-kvcal`).
 
-promote / abort / retry only set an annotation (``kvcal.dev/promote|abort|retry`` = the current time); the operator
+promote / abort / retry / recalibrate only set an annotation (``kvcal.dev/<command>`` = the current time); the operator
 acts on it at its next reconcile and removes it, so the command works through RBAC that allows patching the
 resource, and the status records what the annotation caused.
 """
@@ -17,18 +17,25 @@ from kubernetes.client.exceptions import ApiException
 from kvcal.models.status import KVCalibrationStatus, Measurement
 
 GROUP, VERSION, PLURAL = "kvcal.dev", "v1alpha1", "kvcalibrations"
-ANNOTATIONS = {"promote": "kvcal.dev/promote", "abort": "kvcal.dev/abort", "retry": "kvcal.dev/retry"}
+ANNOTATIONS = {
+    "promote": "kvcal.dev/promote",
+    "abort": "kvcal.dev/abort",
+    "retry": "kvcal.dev/retry",
+    "recalibrate": "kvcal.dev/recalibrate",
+}
 # Phases in which the operator acts on each annotation (others: it is kept until then, or ignored).
 ACTS_IN = {
     "promote": {"AwaitingPromotion"},
     "abort": {"Deploying", "Analyzing", "AwaitingPromotion", "Calibrating", "Verifying", "Pending"},
     "retry": {"RolledBack", "Failed"},
+    "recalibrate": {"Succeeded", "RolledBack", "Failed"},
 }
 HELP = {
     "status": "show a KVCalibration as a tree: phase, conditions, steps, weights, last measurements",
     "promote": "promote a KVCalibration waiting in AwaitingPromotion",
     "abort": "abort a KVCalibration: roll back the canary",
     "retry": "re-run the analysis of a rolled-back or failed KVCalibration",
+    "recalibrate": "calibrate a finished KVCalibration anew from its current spec (never happens by itself)",
 }
 
 

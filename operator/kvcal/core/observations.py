@@ -12,7 +12,9 @@ from kvcal.models.status import KVCalibrationStatus, Measurement
 PROMOTE_ANNOTATION = "kvcal.dev/promote"
 ABORT_ANNOTATION = "kvcal.dev/abort"
 RETRY_ANNOTATION = "kvcal.dev/retry"
-GATE_ANNOTATIONS = (PROMOTE_ANNOTATION, ABORT_ANNOTATION, RETRY_ANNOTATION)
+# Calibrate anew (a terminal object never restarts by itself, not even on a spec change).
+RECALIBRATE_ANNOTATION = "kvcal.dev/recalibrate"
+GATE_ANNOTATIONS = (PROMOTE_ANNOTATION, ABORT_ANNOTATION, RETRY_ANNOTATION, RECALIBRATE_ANNOTATION)
 ChildKind = Literal["Job", "ConfigMap", "Deployment", "Service"]
 
 
@@ -59,6 +61,10 @@ class Observations:
     baseline_service: Manifest | None = None
     measurements: tuple[Measurement, ...] = ()
     spec_error: str | None = None  # the spec failed validation: why, naming the field
+    # The operator's default calibrator image (chart value jobImages.calibrator) for specs that name none: used to
+    # build the Job and recorded as provenance, never hashed (an operator upgrade must not restart anything).
+    calibrator_image: str | None = None
+    serving_verification_job: JobState | None = None  # the Job named in status.serving.verification.job
 
 
 @dataclass(frozen=True)

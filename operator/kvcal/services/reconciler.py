@@ -14,6 +14,7 @@ from datetime import datetime
 from pydantic import ValidationError
 
 from kvcal.core.analysis import error_measurement, timestamp
+from kvcal.core.conditions import get_condition, set_condition
 from kvcal.core.decide import OBSERVES, decide, measurement_due
 from kvcal.core.endpoints import probe_urls
 from kvcal.core.manifests import Owner, calibration_job_name, canary_name, verification_job_name
@@ -32,14 +33,16 @@ from kvcal.core.observations import (
     Patch,
     SetWeight,
 )
-from kvcal.core.spechash import spec_hash
+from kvcal.core.spechash import effective_spec_hash
 from kvcal.metrics import OperatorMetrics
 from kvcal.models.spec import KVCalibrationSpec
-from kvcal.models.status import TERMINAL_PHASES, KVCalibrationStatus, Measurement
+from kvcal.models.status import TERMINAL_PHASES, ConditionType, KVCalibrationStatus, Measurement, Phase
 from kvcal.ports import AnalysisBackends, Conflict, Kube, Manifest, Target
+from kvcal.services.failures import describe_failure
 
 log = logging.getLogger(__name__)
 MAX_CONFLICT_RETRIES = 3
+RECONCILE_ERROR: ConditionType = "ReconcileError"
 
 
 def parse_spec(obj: Manifest) -> tuple[KVCalibrationSpec | None, str | None]:
@@ -94,6 +97,16 @@ def deployment_state(deployment: Manifest | None) -> DeploymentState | None:
     )
 
 
+def _recovered(status: KVCalibrationStatus, now: datetime, generation: int) -> KVCalibrationStatus:
+    """A pass that got this far succeeded: a ReconcileError left by an earlier one turns False."""
+    previous = get_condition(status.conditions, RECONCILE_ERROR)
+    if previous is None or previous.status != "True":
+        return status
+    message = f"the last pass succeeded (before: {previous.message})"
+    conditions = set_condition(status.conditions, RECONCILE_ERROR, "False", "Recovered", message, now, generation)
+    return status.model_copy(update={"conditions": conditions})
+
+
 class Reconciler:
     def __init__(
         self,
@@ -107,8 +120,8 @@ class Reconciler:
         self.clock = clock
         self.backends = backends
         self.metrics = metrics
-        # The operator's default calibration image (chart value jobImages.calibrator), applied at the boundary to
-        # specs that name none, so the pure core only ever sees a complete spec.
+        # The operator's default calibration image (chart value jobImages.calibrator) for specs that name none:
+        # passed to the core beside the spec (never into it: the spec hash covers only what the user declared).
         self.calibrator_image = calibrator_image
 
     def reconcile(self, namespace: str, name: str) -> float | None:
@@ -125,9 +138,38 @@ class Reconciler:
                     result = "conflict"
                     log.info("%s; re-reading", e)
             return 1.0
+        except Exception as e:
+            self._report_failure(namespace, name, e)
+            raise  # the handler logs it and retries with backoff
         finally:
             if self.metrics:
                 self.metrics.reconciled(result, time.monotonic() - started)
+
+    def _report_failure(self, namespace: str, name: str, error: Exception) -> None:
+        """The failed pass wrote no status: say so in the ReconcileError condition, a Warning event and a metric."""
+        reason, message = describe_failure(error)
+        if self.metrics:
+            self.metrics.reconcile_failed(reason)
+        try:
+            obj = self.kube.get("KVCalibration", namespace, name)
+            if obj is None:
+                return
+            status = parse_status(obj)
+            previous = get_condition(status.conditions, RECONCILE_ERROR)
+            generation = int(obj["metadata"].get("generation", 1))
+            conditions = set_condition(
+                status.conditions, RECONCILE_ERROR, "True", reason, message, self.clock(), generation
+            )
+            if previous is None or previous.status != "True" or previous.message != message:
+                self.kube.replace_status(
+                    namespace,
+                    name,
+                    obj["metadata"]["resourceVersion"],
+                    status.model_copy(update={"conditions": conditions}).to_wire(),
+                )
+                self.kube.emit_event(obj, "Warning", "ReconcileError", f"{message} (retrying with backoff)")
+        except Exception:  # reporting is best effort: the API may be what failed
+            log.exception("could not report the failed reconcile of %s/%s", namespace, name)
 
     def _pass(self, namespace: str, name: str) -> float | None:
         obj = self.kube.get("KVCalibration", namespace, name)
@@ -137,17 +179,15 @@ class Reconciler:
             return None
         now = self.clock()
         spec, spec_error = parse_spec(obj)
-        if spec is not None and self.calibrator_image and not spec.calibration.job.image:
-            job = spec.calibration.job.model_copy(update={"image": self.calibrator_image})
-            spec = spec.model_copy(update={"calibration": spec.calibration.model_copy(update={"job": job})})
         status = parse_status(obj)
         owner = Owner(name, namespace, obj["metadata"]["uid"])
         obs = self.observe(obj, owner, spec, spec_error, status, now)
         decision = decide(spec, status, obs, now)
         target = self._target(owner, spec) if spec else None
         self.act(owner, decision, target)
-        if decision.status != status:
-            self.kube.replace_status(namespace, name, obj["metadata"]["resourceVersion"], decision.status.to_wire())
+        new_status = _recovered(decision.status, now, obs.generation)
+        if new_status != status:
+            self.kube.replace_status(namespace, name, obj["metadata"]["resourceVersion"], new_status.to_wire())
         self._after_write(obj, owner, status, decision, now)
         return decision.requeue_after
 
@@ -183,7 +223,8 @@ class Reconciler:
         base = Observations(owner=owner, generation=int(meta.get("generation", 1)), gates=gates, spec_error=spec_error)
         if spec is None:
             return base
-        ns, h, needs = owner.namespace, spec_hash(spec), OBSERVES[status.phase]
+        h = effective_spec_hash(spec, status.calibration.spec_hash, self.calibrator_image)
+        ns, needs = owner.namespace, OBSERVES[status.phase]
         read_messages = status.phase not in TERMINAL_PHASES
 
         def message(job: str) -> str | None:
@@ -196,6 +237,12 @@ class Reconciler:
             return deployment_state(self.kube.get("Deployment", ns, name)) if field in needs else None
 
         baseline = spec.serving.baseline
+        serving_job_name = status.serving.verification.job if status.phase == Phase.SUCCEEDED else None
+        serving_job = (
+            job_state(self.kube.get("Job", ns, serving_job_name), lambda job: self.kube.termination_message(ns, job))
+            if serving_job_name
+            else None
+        )
         obs = Observations(
             owner=owner,
             generation=base.generation,
@@ -205,6 +252,8 @@ class Reconciler:
             canary=deployment("canary", canary_name(owner.name)),
             baseline=deployment("baseline", baseline.deployment),
             baseline_service=self.kube.get("Service", ns, baseline.service) if "baseline_service" in needs else None,
+            calibrator_image=self.calibrator_image,
+            serving_verification_job=serving_job,
         )
         if measurement_due(spec.analysis, status, now):
             target = self._target(owner, spec)
