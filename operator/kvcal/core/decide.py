@@ -87,11 +87,11 @@ def decide(spec: KVCalibrationSpec | None, status: KVCalibrationStatus, obs: Obs
         return b.finish()
     image = spec.calibration.job.image or obs.calibrator_image or DEFAULT_CALIBRATOR_IMAGE
     resolved = _with_calibrator_image(spec, image)
-    if _output_in_use(b, resolved) or _baseline_scaled_to_zero(b, spec):
-        return b.finish()
     before = (b.status, list(b.actions), list(b.events), b.requeue)
     try:
         try:
+            if _output_in_use(b, resolved) or _baseline_scaled_to_zero(b, spec):
+                return b.finish()
             HANDLERS[b.phase](b, resolved, current_hash)
             if b.phase == P.SUCCEEDED:
                 watch_serving(b, resolved)

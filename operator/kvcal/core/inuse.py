@@ -62,7 +62,7 @@ def output_in_use(spec: KVCalibrationSpec, baseline: Manifest | None) -> str | N
     try:
         output = locate(spec.calibration.output, field="spec.calibration.output")
         served = served_location(baseline, spec.serving.baseline.container)
-    except ValueError:
+    except (ValueError, LookupError):
         return None  # an invalid output or container is reported where it is used (InvalidSpec, BaselineUnusable)
     if served is None or output.volume is None or output.mount_path is None:
         return None

@@ -5,7 +5,7 @@ import re
 _URL_CREDENTIALS = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]+@")
 _SECRET_VALUES = re.compile(
     r"(?i)\b(authorization|bearer|token|password|passwd|secret|api[_-]?key)"  # the key
-    r"(\"?\s*[:=]\s*\"?|\s+)"  # its separator
+    r"([\"']?\s*[:=]\s*[\"']?|\s+)"  # its separator
     r"(?:(?:bearer|basic)\s+)?[^\s,;\"'&]+"  # the value (an Authorization header's scheme included)
 )
 
