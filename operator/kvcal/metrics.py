@@ -1,5 +1,5 @@
-"""The operator's own Prometheus metrics (not the canary analysis): reconciles, failed reconciles by reason, objects
-by phase, phase durations.
+"""The operator's own Prometheus metrics (not the canary analysis): reconciles, failed reconciles and Warning events by
+reason, objects by phase, phase durations.
 
 One registry per OperatorMetrics instance (no module-level collectors), served by `serve(port)`.
 """
@@ -29,6 +29,12 @@ class OperatorMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.warnings = Counter(
+            "kvcal_warning_events",
+            "Warning events the operator emitted, by reason (problems a user must look at)",
+            ["reason"],
+            registry=self.registry,
+        )
         self.objects = Gauge("kvcal_objects", "KVCalibrations by phase", ["phase"], registry=self.registry)
         self.phase_seconds = Histogram(
             "kvcal_phase_duration_seconds",
@@ -48,6 +54,9 @@ class OperatorMetrics:
 
     def reconcile_failed(self, reason: str) -> None:
         self.reconcile_errors.labels(reason=reason).inc()
+
+    def warned(self, reason: str) -> None:
+        self.warnings.labels(reason=reason).inc()
 
     def phase_left(self, phase: Phase, seconds: float) -> None:
         self.phase_seconds.labels(phase=phase.value).observe(max(0.0, seconds))

@@ -74,13 +74,20 @@ class OperatorThread:
         self.kubeconfig, self.namespace, self.backends = kubeconfig, namespace, backends
         self.restarts = 0
         self.metrics_port = free_port()
+        self.calibrator_image: str | None = None  # the chart's jobImages.calibrator (KVCAL_CALIBRATOR_IMAGE)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
     def start(self) -> None:
         api = config.new_client_from_config(config_file=str(self.kubeconfig))  # type: ignore[no-untyped-call]
         kube = KubeClient(api)
-        reconciler = Reconciler(kube, lambda: datetime.now(UTC), backends=self.backends, metrics=OperatorMetrics())
+        reconciler = Reconciler(
+            kube,
+            lambda: datetime.now(UTC),
+            backends=self.backends,
+            metrics=OperatorMetrics(),
+            calibrator_image=self.calibrator_image,
+        )
         self._stop, ready = threading.Event(), threading.Event()
         options = OperatorOptions(namespaces=[self.namespace], standalone=True, metrics_port=self.metrics_port)
         self._thread = threading.Thread(target=run, args=(reconciler, api, options, self._stop, ready), daemon=True)

@@ -167,6 +167,8 @@ class Reconciler:
                     obj["metadata"]["resourceVersion"],
                     status.model_copy(update={"conditions": conditions}).to_wire(),
                 )
+                if self.metrics:
+                    self.metrics.warned("ReconcileError")
                 self.kube.emit_event(obj, "Warning", "ReconcileError", f"{message} (retrying with backoff)")
         except Exception:  # reporting is best effort: the API may be what failed
             log.exception("could not report the failed reconcile of %s/%s", namespace, name)
@@ -195,6 +197,8 @@ class Reconciler:
         self, obj: Manifest, owner: Owner, before: KVCalibrationStatus, decision: Decision, now: datetime
     ) -> None:
         for event in decision.events:
+            if self.metrics and event.type == "Warning":
+                self.metrics.warned(event.reason)
             try:
                 self.kube.emit_event(obj, event.type, event.reason, event.message)
             except Exception:  # an event is best effort: never fail a reconcile over it
