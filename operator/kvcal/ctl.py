@@ -120,6 +120,8 @@ def render_status(obj: dict[str, Any]) -> str:
                         for c in st.conditions]),
         ("Calibration", [f"{k}: {v}" for k, v in st.calibration.to_wire().items()]),
         ("Verification", [f"{k}: {v}" for k, v in st.verification.to_wire().items()]),
+        ("Serving (after promotion)", [f"{k}: {v}" for k, v in st.serving.to_wire().items() if k != "verification"]
+         + [f"verification {k}: {v}" for k, v in st.serving.verification.to_wire().items()]),
         ("Canary", [
             f"deployment: {st.canary.deployment or '-'} (ready {st.canary.ready_replicas})",
             f"router: {router}, steps: {', '.join(f'{s}%' for s in steps)}, "

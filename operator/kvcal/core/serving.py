@@ -6,14 +6,12 @@ runtime read-back) again in the new image, with the new backend, and reports it 
 The image and backend last verified are recorded in status.serving. Pure like decide.
 """
 
-import json
-from typing import Any
-
 from kvcal.core.lifecycle import Builder
 from kvcal.core.manifests import BaselineError, Manifest, build_verification_job, is_promoted
 from kvcal.core.manifests.canary import baseline_container_index
 from kvcal.core.manifests.common import serving_verification_job_name
-from kvcal.core.observations import Create, JobState
+from kvcal.core.observations import Create
+from kvcal.core.verification import verification_result
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import ServingStatus, VerificationStatus
 
@@ -21,25 +19,6 @@ from kvcal.models.status import ServingStatus, VerificationStatus
 WATCH_SECONDS = 300.0
 RUNNING_POLL_SECONDS = 30.0
 BACKEND_ENV = "VLLM_ATTENTION_BACKEND"
-
-
-def verification_result(job: JobState) -> tuple[VerificationStatus, bool]:
-    """The verification Job's summary (its termination message) and whether vLLM loaded every scale."""
-    try:
-        parsed = json.loads(job.message)
-    except ValueError:
-        parsed = {}
-    summary: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
-    raw_problems = summary.get("problems")
-    problems: list[Any] = raw_problems if isinstance(raw_problems, list) else []
-    verification = VerificationStatus(
-        job=job.name,
-        layers=summary.get("layers") if isinstance(summary.get("layers"), int) else None,
-        mismatches=summary.get("mismatches") if isinstance(summary.get("mismatches"), int) else None,
-        message=("; ".join(str(p) for p in problems) or job.message.strip() or job.reason)[:1024] or None,
-    )
-    ok = job.state == "Succeeded" and summary.get("ok") is True and not verification.mismatches
-    return verification, ok
 
 
 def serving_runtime(baseline: Manifest, container: str | None) -> tuple[str, str | None]:
@@ -75,8 +54,9 @@ def watch_serving(b: Builder, spec: KVCalibrationSpec) -> None:
     if serving.image is None:  # the promoting pass: the canary's verification ran in this image
         verified = b.status.verification
         b.update(serving=ServingStatus(image=image, attention_backend=backend, verification=verified))
-        message = f"{_describe(image, backend)}: vLLM loaded the calibrated scales of {verified.layers} layers"
-        b.condition("ServingVerified", "True", "ScalesLoaded", f"{message}, {verified.mismatches or 0} mismatches")
+        message = f"{_describe(image, backend)}: the verification before the canary loaded the calibrated scales"
+        message += f" of {verified.layers} layers, {verified.mismatches or 0} mismatches"
+        b.condition("ServingVerified", "True", "ScalesLoaded", message)
         b.requeue = WATCH_SECONDS
         return
     if (image, backend) == (serving.image, serving.attention_backend):
