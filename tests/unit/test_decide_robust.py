@@ -106,6 +106,16 @@ def test_decide_never_raises_on_odd_observations(phase: Phase) -> None:
                 assert "0 replicas" in (d.status.message or "")
 
 
+@pytest.mark.parametrize("phase", list(Phase), ids=str)
+def test_an_invalid_spec_never_raises_and_never_restarts_a_finished_run(phase: Phase) -> None:
+    obs = observations(spec_error="spec.calibration.output: https://user:pw@host/x is not a storage URI")
+    d = decide(None, started(phase), obs, NOW)
+    assert "pw@" not in (d.status.message or "") + str(d.status.conditions)
+    if phase in (P.SUCCEEDED, P.ROLLED_BACK, P.FAILED):
+        found = get_condition(d.status.conditions, "SpecCurrent")
+        assert d.status.phase == phase and found is not None and found.reason == "InvalidSpec"
+
+
 def test_observes_covers_every_phase() -> None:
     assert set(OBSERVES) == set(Phase)
 

@@ -23,7 +23,7 @@ from kvcal.core.observations import (
     Delete,
     Observations,
 )
-from kvcal.core.phases import ACTIVE
+from kvcal.core.phases import ACTIVE, is_allowed
 from kvcal.core.redact import redact
 from kvcal.core.serving import watch_serving
 from kvcal.core.spechash import effective_spec_hash
@@ -71,10 +71,15 @@ def measurement_due(spec: AnalysisSpec, status: KVCalibrationStatus, now: dateti
 def decide(spec: KVCalibrationSpec | None, status: KVCalibrationStatus, obs: Observations, now: datetime) -> Decision:
     b = Builder(spec, status, obs, now)
     if spec is None:
-        if b.phase != P.INVALID_SPEC:
-            b.move(P.INVALID_SPEC, "InvalidSpec", obs.spec_error or "the spec is invalid")
+        why = redact(obs.spec_error or "the spec is invalid")
+        if b.phase in TERMINAL_PHASES:  # what ran stays as it is; the spec is the user's to fix
+            b.condition("SpecCurrent", "False", "InvalidSpec", f"{why}; nothing changes until the spec is valid")
+        elif not is_allowed(b.phase, P.INVALID_SPEC):  # Promoting, RollingBack: they finish once it is valid
+            _blocked(b, "InvalidSpec", f"{why}: fix the spec to finish {b.phase}", 60.0)
+        elif b.phase != P.INVALID_SPEC:
+            b.move(P.INVALID_SPEC, "InvalidSpec", why)
         else:
-            b.update(message=obs.spec_error or "the spec is invalid")
+            b.update(message=why)
         return b.finish()
     current_hash = effective_spec_hash(spec, status.calibration.spec_hash, obs.calibrator_image)
     if b.phase == P.INVALID_SPEC:
