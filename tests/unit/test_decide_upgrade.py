@@ -114,6 +114,12 @@ def test_spec_change_in_a_terminal_phase_restarts_nothing() -> None:
         assert not decide(changed, d.status, observations(baseline=promoted(spec())), NOW).events  # said once
 
 
+def test_reverting_the_spec_clears_spec_current() -> None:
+    changed = decide(spec(calibration={"samples": 128}), succeeded(), observations(baseline=baseline()), NOW)
+    reverted = decide(spec(), changed.status, observations(baseline=baseline()), NOW)
+    assert condition(reverted.status, "SpecCurrent")[:2] == ("True", "SpecMatches") and not reverted.events
+
+
 def test_recalibrate_annotation_starts_over_from_a_terminal_phase() -> None:
     gates = {RECALIBRATE_ANNOTATION: "2026-01-02T03:04:05Z"}
     d = decide(spec(), succeeded(), observations(gates=gates), NOW)
