@@ -8,11 +8,10 @@ between acting and writing status) creates nothing twice.
 
 from datetime import datetime
 
-from kvcal.core.conditions import get_condition
-from kvcal.core.inuse import output_in_use
+from kvcal.core.finished import recalibrate, spec_changed_when_done
+from kvcal.core.guards import baseline_scaled_to_zero, blocked, refuse_served_output
 from kvcal.core.lifecycle import HANDLERS, POLL_SECONDS, Builder, fail, next_measurement_at, remove_children
 from kvcal.core.manifests import BaselineError
-from kvcal.core.manifests.common import DEFAULT_CALIBRATOR_IMAGE
 from kvcal.core.observations import (
     ABORT_ANNOTATION,
     PROMOTE_ANNOTATION,
@@ -24,6 +23,7 @@ from kvcal.core.observations import (
     Observations,
 )
 from kvcal.core.phases import ACTIVE, is_allowed
+from kvcal.core.provenance import calibrator_image, record_calibrator_image, with_calibrator_image
 from kvcal.core.redact import redact
 from kvcal.core.serving import watch_serving
 from kvcal.core.spechash import effective_spec_hash
@@ -35,7 +35,6 @@ from kvcal.models.status import (
     CanaryStatus,
     KVCalibrationStatus,
     Phase,
-    ServingStatus,
     VerificationStatus,
 )
 
@@ -75,7 +74,7 @@ def decide(spec: KVCalibrationSpec | None, status: KVCalibrationStatus, obs: Obs
         if b.phase in TERMINAL_PHASES:  # what ran stays as it is; the spec is the user's to fix
             b.condition("SpecCurrent", "False", "InvalidSpec", f"{why}; nothing changes until the spec is valid")
         elif not is_allowed(b.phase, P.INVALID_SPEC):  # Promoting, RollingBack: they finish once it is valid
-            _blocked(b, "InvalidSpec", f"{why}: fix the spec to finish {b.phase}", 60.0)
+            blocked(b, "InvalidSpec", f"{why}: fix the spec to finish {b.phase}", 60.0)
         elif b.phase != P.INVALID_SPEC:
             b.move(P.INVALID_SPEC, "InvalidSpec", why)
         else:
@@ -90,12 +89,12 @@ def decide(spec: KVCalibrationSpec | None, status: KVCalibrationStatus, obs: Obs
         # A spec change, an abort or a retry only moves the phase (and deletes what must go); the new phase's work
         # happens in the next pass, on observations gathered for that phase (deletions have landed by then).
         return b.finish()
-    image = spec.calibration.job.image or obs.calibrator_image or DEFAULT_CALIBRATOR_IMAGE
-    resolved = _with_calibrator_image(spec, image)
+    image = calibrator_image(spec, obs)
+    resolved = with_calibrator_image(spec, image)
     before = (b.status, list(b.actions), list(b.events), b.requeue)
     try:
         try:
-            if _output_in_use(b, resolved) or _baseline_scaled_to_zero(b, spec):
+            if refuse_served_output(b, resolved) or baseline_scaled_to_zero(b, spec):
                 return b.finish()
             HANDLERS[b.phase](b, resolved, current_hash)
             if b.phase == P.SUCCEEDED:
@@ -105,72 +104,17 @@ def decide(spec: KVCalibrationSpec | None, status: KVCalibrationStatus, obs: Obs
     except (ValueError, LookupError, TypeError) as e:
         # A problem no handler foresaw: shown in the status, never an exception that retries forever unseen.
         b.status, b.actions, b.events, b.requeue = before
-        _blocked(b, "Blocked", redact(f"cannot continue in phase {b.phase}: {type(e).__name__}: {e}"), 60.0)
-    _record_calibrator_image(b, image)
+        blocked(b, "Blocked", redact(f"cannot continue in phase {b.phase}: {type(e).__name__}: {e}"), 60.0)
+    record_calibrator_image(b, image)
     return b.finish()
-
-
-def _with_calibrator_image(spec: KVCalibrationSpec, image: str) -> KVCalibrationSpec:
-    """The spec the Job builders see: the resolved image in place (the hash saw only what the user declared)."""
-    job = spec.calibration.job.model_copy(update={"image": image})
-    return spec.model_copy(update={"calibration": spec.calibration.model_copy(update={"job": job})})
-
-
-def _record_calibrator_image(b: Builder, image: str) -> None:
-    """Provenance: the image that computed the scales, recorded by the pass that creates the calibration Job."""
-    calibration = b.status.calibration
-    if calibration.job is None or calibration.calibrator_image:
-        return
-    carried = b.start.calibration.calibrator_image if b.start.calibration.job == calibration.job else None
-    if carried or b.start.phase == P.PENDING:
-        b.update(calibration=calibration.model_copy(update={"calibrator_image": carried or image}))
-
-
-def _blocked(b: Builder, reason: str, message: str, seconds: float) -> None:
-    """Wait with `message` in the status; a Warning event only when the message is new (not on every pass)."""
-    if b.start.message != message:
-        b.event("Warning", reason, message)
-    b.wait(message, seconds)
-
-
-def _output_in_use(b: Builder, spec: KVCalibrationSpec) -> bool:
-    """Before a calibration Job is created: refuse an output the baseline serves (the calibrator replaces it)."""
-    if b.phase != P.PENDING or b.obs.calibration_job is not None or b.obs.baseline is None:
-        return False
-    served = output_in_use(spec, b.obs.baseline.manifest)
-    if served is None:
-        return False
-    deployment = spec.serving.baseline.deployment
-    message = (
-        f"spec.calibration.output {spec.calibration.output} is in {served} of the baseline Deployment {deployment}: "
-        "calibrating there would overwrite what it serves; choose a new spec.calibration.output"
-    )
-    b.condition("Calibrated", "False", "OutputInUse", message)
-    _blocked(b, "OutputInUse", message, 60.0)
-    return True
-
-
-def _baseline_scaled_to_zero(b: Builder, spec: KVCalibrationSpec) -> bool:
-    """Deploying sizes the canary from the baseline's replicas: at 0 there is nothing to compare against."""
-    baseline = b.obs.baseline
-    if b.phase != P.DEPLOYING or baseline is None or baseline.replicas >= 1:
-        return False
-    deployment, ns, name = spec.serving.baseline.deployment, b.obs.owner.namespace, b.obs.owner.name
-    message = (
-        f"the baseline Deployment {deployment} has 0 replicas: scale it up "
-        f"(kubectl scale deploy/{deployment} -n {ns} --replicas=N) or abort (kvcal abort {name} -n {ns})"
-    )
-    b.condition("CanaryReady", "False", "BaselineScaledToZero", message)
-    _blocked(b, "BaselineScaledToZero", message, 30.0)
-    return True
 
 
 def _on_spec_change(b: Builder, spec: KVCalibrationSpec, current_hash: str) -> None:
     """A change of the calibration inputs starts over while the work is active; other spec changes apply to the
-    next decision only. A terminal object never restarts by itself (see _spec_changed_when_done)."""
+    next decision only. A terminal object never restarts by itself (core.finished)."""
     old = b.status.calibration.spec_hash
     if b.phase in TERMINAL_PHASES and old is not None:
-        _spec_changed_when_done(b, old, current_hash)
+        spec_changed_when_done(b, old, current_hash)
         return
     if old is None or old == current_hash or b.phase in (P.PENDING, P.PROMOTING, P.ROLLING_BACK):
         return
@@ -186,32 +130,11 @@ def _on_spec_change(b: Builder, spec: KVCalibrationSpec, current_hash: str) -> N
     b.move(P.PENDING, "SpecChanged", f"calibration inputs changed ({old[:8]} -> {current_hash[:8]}): recalibrating")
 
 
-def _spec_changed_when_done(b: Builder, old: str, current_hash: str) -> None:
-    """Succeeded: the promoted checkpoint keeps serving, a new calibration is the user's call (it may need a new
-    output folder: the baseline serves the old one). RolledBack/Failed: nothing runs, nothing starts unasked. The
-    SpecCurrent condition says so, and how to calibrate anew."""
-    present = get_condition(b.status.conditions, "SpecCurrent")
-    if old == current_hash:
-        if present is not None and present.status != "True":
-            b.condition("SpecCurrent", "True", "SpecMatches", "the spec matches the calibration in the status")
-        return
-    name = b.obs.owner.name
-    message = f"the calibration inputs changed ({old[:8]} -> {current_hash[:8]}) after this {b.phase} calibration; "
-    if b.phase == P.SUCCEEDED:
-        message += "the promoted checkpoint keeps serving. To calibrate anew, set a new spec.calibration.output and "
-    else:
-        message += "nothing restarts by itself. To calibrate with the new spec, "
-    message += f"run `kvcal recalibrate {name}` (annotation kvcal.dev/recalibrate)"
-    if present is None or present.message != message:
-        b.event("Warning", "SpecChanged", message)
-    b.condition("SpecCurrent", "False", "SpecChanged", message)
-
-
 def _on_gates(b: Builder, spec: KVCalibrationSpec) -> None:
     gates = b.obs.gates
     if gates.get(RECALIBRATE_ANNOTATION):
         b.do(ClearAnnotations((RECALIBRATE_ANNOTATION,)))
-        _recalibrate(b)
+        recalibrate(b)
     if gates.get(ABORT_ANNOTATION):
         b.do(ClearAnnotations((ABORT_ANNOTATION,)))
         if b.phase in ACTIVE:
@@ -225,28 +148,6 @@ def _on_gates(b: Builder, spec: KVCalibrationSpec) -> None:
     if gates.get(PROMOTE_ANNOTATION) and b.phase != P.AWAITING_PROMOTION:
         b.do(ClearAnnotations((PROMOTE_ANNOTATION,)))
         b.event("Warning", "PromoteIgnored", f"nothing to promote in phase {b.phase}: wait for AwaitingPromotion")
-
-
-def _recalibrate(b: Builder) -> None:
-    """`kvcal recalibrate`: calibrate anew from the current spec; only a terminal object (an active one restarts on
-    a spec change by itself, or is aborted first)."""
-    if b.phase not in TERMINAL_PHASES:
-        b.event("Warning", "RecalibrateIgnored", f"nothing to recalibrate in phase {b.phase}: abort it or let it end")
-        return
-    remove_children(b, include_jobs=True)
-    b.update(
-        calibration=CalibrationStatus(),
-        verification=VerificationStatus(),
-        canary=CanaryStatus(),
-        analysis=AnalysisStatus(),
-        serving=ServingStatus(),
-    )
-    for t in ("Calibrated", "ScalesVerified", "CanaryReady", "AnalysisPassed", "Promoted"):
-        b.condition(t, "Unknown", "Recalibrate", "recalibrating")
-    for optional in ("SpecCurrent", "ServingVerified"):
-        if get_condition(b.status.conditions, optional) is not None:
-            b.condition(optional, "Unknown", "Recalibrate", "recalibrating")
-    b.move(P.PENDING, "Recalibrate", "kvcal.dev/recalibrate: calibrating anew from the current spec")
 
 
 def _retry(b: Builder, spec: KVCalibrationSpec) -> None:
