@@ -219,3 +219,81 @@ def test_baseline_scaled_to_zero_during_deploying(world: World, tmp_path: Path) 
     w.cluster.kubectl("scale", "-n", w.namespace, "deploy/llm", "--replicas=1")
     w.cluster.kubectl("annotate", "-n", w.namespace, f"kvcalibration/{name}", "e2e/nudge=1")
     wait_for(lambda: w.children("Deployment", name) == [f"{name}-canary"], 60, "the canary once the baseline is back")
+
+
+def freeze_jobs(w: World) -> list[str]:
+    """A ValidatingAdmissionPolicy that denies every Job in the test's namespace (a change freeze, as a platform
+    team would set one); returns the cluster-scoped objects to delete."""
+    policy, binding = f"freeze-jobs-{w.namespace}", f"freeze-jobs-{w.namespace}"
+    w.apply(
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": policy},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["jobs"]}
+                    ]
+                },
+                "validations": [{"expression": "false", "message": "Jobs are frozen in this namespace"}],
+            },
+        }
+    )
+    w.apply(
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": binding},
+            "spec": {
+                "policyName": policy,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": w.namespace}}},
+            },
+        }
+    )
+
+    def denied() -> bool:
+        probe = w.cluster.kubectl(
+            "create", "job", "probe", "--image=x", "-n", w.namespace, "--dry-run=server", check=False
+        )
+        return probe.returncode != 0 and "frozen" in probe.stderr
+
+    wait_for(denied, 60, "the admission policy to deny Jobs")
+    return [f"validatingadmissionpolicybinding/{binding}", f"validatingadmissionpolicy/{policy}"]
+
+
+def test_failed_pass_is_a_condition_an_event_and_a_metric(world: World, tmp_path: Path) -> None:
+    """A pass the API refuses (an admission policy denies the calibration Job) is visible with kubectl and in the
+    metrics, and the condition clears once a pass succeeds."""
+    w, name = world, "frozen"
+    model = tmp_path / "model"
+    model.mkdir()
+    for m in [*baseline(model, replicas=1), dataset_configmap()]:
+        w.apply(m)
+    w.kubelet.hold("calibration")
+    frozen = freeze_jobs(w)
+    try:
+        w.apply(kvcalibration(name, model, w.out))
+
+        def failed() -> dict[str, Any] | None:
+            obj = w.kvcal(name)
+            errors = [c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == "ReconcileError"]
+            return obj if errors and errors[0]["status"] == "True" else None
+
+        obj = wait_for(failed, 60, "ReconcileError=True")
+        error = condition(obj, "ReconcileError")
+        assert error["reason"] == "ApiException" and "422" in error["message"], error
+        assert "Jobs are frozen in this namespace" in error["message"]
+        shown = w.cluster.get_json("events", "-n", w.namespace, "--field-selector", "reason=ReconcileError")
+        items: list[dict[str, Any]] = shown["items"]  # type: ignore[assignment]
+        assert items and {e["type"] for e in items} == {"Warning"}
+        sample = 'kvcal_reconcile_errors_total{reason="ApiException"}'
+        wait_for(lambda: metric(w, sample) >= 1, 30, "the error metric")
+    finally:
+        for kind_name in frozen:
+            w.cluster.kubectl("delete", kind_name, "--ignore-not-found")
+    obj = w.wait_phase(name, "Calibrating", 90)  # the next pass after the backoff
+    recovered = condition(obj, "ReconcileError")
+    assert recovered["status"] == "False" and recovered["reason"] == "Recovered"
