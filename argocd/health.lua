@@ -1,7 +1,10 @@
 -- Argo CD health check for kvcal.dev/KVCalibration.
 -- Healthy: the calibrated checkpoint is promoted. Suspended: waiting for a manual promotion.
--- Degraded: rolled back, failed, or the spec is invalid. Progressing: any running phase, or the
--- operator has not yet seen the latest spec (status.observedGeneration < metadata.generation).
+-- Degraded: rolled back, failed, or the spec is invalid; also while reconcile passes fail
+-- (ReconcileError=True) or when a promoted checkpoint no longer verifies in the baseline's vLLM
+-- (ServingVerified=False). Progressing: any running phase, or the operator has not yet seen the
+-- latest spec (status.observedGeneration < metadata.generation). A spec change after the run
+-- ended (SpecCurrent=False) keeps the health and says how to recalibrate.
 local hs = {}
 
 local phases = {
@@ -52,4 +55,26 @@ if mapped == nil then
 end
 hs.status = mapped
 hs.message = describe(status)
+
+local function condition(type_)
+  for _, c in ipairs(status.conditions or {}) do
+    if c.type == type_ then
+      return c
+    end
+  end
+  return nil
+end
+
+local failing = condition("ReconcileError")
+local serving = condition("ServingVerified")
+local current = condition("SpecCurrent")
+if failing ~= nil and failing.status == "True" then
+  hs.status = "Degraded"
+  hs.message = "Reconcile failing: " .. tostring(failing.message) .. " (" .. hs.message .. ")"
+elseif serving ~= nil and serving.status == "False" then
+  hs.status = "Degraded"
+  hs.message = tostring(serving.message)
+elseif current ~= nil and current.status == "False" then
+  hs.message = hs.message .. " (" .. tostring(current.message) .. ")"
+end
 return hs

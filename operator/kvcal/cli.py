@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "promote": ("kvcal.ctl", "promote a KVCalibration waiting in AwaitingPromotion"),
     "abort": ("kvcal.ctl", "abort a KVCalibration: roll back the canary"),
     "retry": ("kvcal.ctl", "re-run the analysis of a rolled-back or failed KVCalibration"),
+    "recalibrate": ("kvcal.ctl", "calibrate a finished KVCalibration anew (a spec change never restarts it)"),
 }
 
 

@@ -1,6 +1,6 @@
-"""`kvcal status|promote|abort|retry NAME` (also installed as the kubectl plugin `kubectl-kvcal`).
+"""`kvcal status|promote|abort|retry|recalibrate NAME` (also installed as the kubectl plugin `kubectl-kvcal`).
 
-promote / abort / retry only set an annotation (``kvcal.dev/promote|abort|retry`` = the current time); the operator
+promote / abort / retry / recalibrate only set an annotation (``kvcal.dev/<command>`` = the current time); the operator
 acts on it at its next reconcile and removes it, so the command works through RBAC that allows patching the
 resource, and the status records what the annotation caused.
 """
@@ -16,18 +16,24 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, ValidationError
 
 from kvcal.adapters.kube import GROUP, PLURAL, VERSION
-from kvcal.core.observations import ABORT_ANNOTATION, PROMOTE_ANNOTATION, RETRY_ANNOTATION
+from kvcal.core.observations import ABORT_ANNOTATION, PROMOTE_ANNOTATION, RECALIBRATE_ANNOTATION, RETRY_ANNOTATION
 from kvcal.core.phases import ACTIVE, RETRYABLE
 from kvcal.core.timestamps import rfc3339
 from kvcal.models.spec import AnalysisSpec, TrafficSpec
-from kvcal.models.status import Condition, KVCalibrationStatus, Measurement, Phase
+from kvcal.models.status import TERMINAL_PHASES, Condition, KVCalibrationStatus, Measurement, Phase
 
-ANNOTATIONS = {"promote": PROMOTE_ANNOTATION, "abort": ABORT_ANNOTATION, "retry": RETRY_ANNOTATION}
+ANNOTATIONS = {
+    "promote": PROMOTE_ANNOTATION,
+    "abort": ABORT_ANNOTATION,
+    "retry": RETRY_ANNOTATION,
+    "recalibrate": RECALIBRATE_ANNOTATION,
+}
 # Phases in which the operator acts on each annotation (others: it is kept until then, or ignored).
 ACTS_IN: dict[str, frozenset[Phase]] = {
     "promote": frozenset({Phase.AWAITING_PROMOTION}),
     "abort": ACTIVE,
     "retry": RETRYABLE,
+    "recalibrate": TERMINAL_PHASES,
 }
 SectionT = TypeVar("SectionT", bound=BaseModel)
 HELP = {
@@ -35,6 +41,7 @@ HELP = {
     "promote": "promote a KVCalibration waiting in AwaitingPromotion",
     "abort": "abort a KVCalibration: roll back the canary",
     "retry": "re-run the analysis of a rolled-back or failed KVCalibration",
+    "recalibrate": "calibrate a finished KVCalibration anew from its current spec (never happens by itself)",
 }
 
 
@@ -135,6 +142,11 @@ def render_status(obj: dict[str, Any]) -> str:
         ("Conditions", [_condition_line(each) for each in st.conditions]),
         ("Calibration", [f"{key}: {value}" for key, value in st.calibration.to_wire().items()]),
         ("Verification", [f"{key}: {value}" for key, value in st.verification.to_wire().items()]),
+        (
+            "Serving (after promotion)",
+            [f"{key}: {value}" for key, value in st.serving.to_wire().items() if key != "verification"]
+            + [f"verification {key}: {value}" for key, value in st.serving.verification.to_wire().items()],
+        ),
         ("Canary", [
             f"deployment: {st.canary.deployment or '-'} (ready {st.canary.ready_replicas})",
             f"router: {router}, steps: {', '.join(f'{step}%' for step in steps)}, "

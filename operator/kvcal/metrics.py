@@ -1,4 +1,5 @@
-"""The operator's own Prometheus metrics (not the canary analysis): reconciles, objects by phase, phase durations.
+"""The operator's own Prometheus metrics (not the canary analysis): reconciles, failed reconciles and Warning events by
+reason, objects by phase, phase durations.
 
 One registry per OperatorMetrics instance (no module-level collectors), served by `serve(port)`.
 """
@@ -22,6 +23,18 @@ class OperatorMetrics:
         self.reconcile_seconds = Histogram(
             "kvcal_reconcile_duration_seconds", "Wall time of one reconcile pass", registry=self.registry
         )
+        self.reconcile_errors = Counter(
+            "kvcal_reconcile_errors",
+            "Reconcile passes that raised, by exception class (see the ReconcileError condition and events)",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.warnings = Counter(
+            "kvcal_warning_events",
+            "Warning events the operator emitted, by reason (problems a user must look at)",
+            ["reason"],
+            registry=self.registry,
+        )
         self.objects = Gauge("kvcal_objects", "KVCalibrations by phase", ["phase"], registry=self.registry)
         self.phase_seconds = Histogram(
             "kvcal_phase_duration_seconds",
@@ -38,6 +51,12 @@ class OperatorMetrics:
     def reconciled(self, result: str, seconds: float) -> None:
         self.reconciles.labels(result=result).inc()
         self.reconcile_seconds.observe(seconds)
+
+    def reconcile_failed(self, reason: str) -> None:
+        self.reconcile_errors.labels(reason=reason).inc()
+
+    def warned(self, reason: str) -> None:
+        self.warnings.labels(reason=reason).inc()
 
     def phase_left(self, phase: Phase, seconds: float) -> None:
         self.phase_seconds.labels(phase=phase.value).observe(max(0.0, seconds))

@@ -78,6 +78,7 @@ class OperatorThread:
         self.kubeconfig, self.namespace, self.backends, self.policy = kubeconfig, namespace, backends, policy
         self.restarts = 0
         self.metrics_port = free_port()
+        self.calibrator_image: str | None = None  # set: a chart upgrade changed jobImages.calibrator
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -85,13 +86,22 @@ class OperatorThread:
         api = config.new_client_from_config(config_file=str(self.kubeconfig))  # type: ignore[no-untyped-call]
         kube = KubeClient(api)
         reconciler = Reconciler(
-            kube, lambda: datetime.now(UTC), backends=self.backends, metrics=OperatorMetrics(), policy=self.policy
+            kube,
+            lambda: datetime.now(UTC),
+            backends=self.backends,
+            metrics=OperatorMetrics(),
+            policy=self.policy_in_force(),
         )
         self._stop, ready = threading.Event(), threading.Event()
         options = OperatorOptions(namespaces=[self.namespace], standalone=True, metrics_port=self.metrics_port)
         self._thread = threading.Thread(target=run, args=(reconciler, api, options, self._stop, ready), daemon=True)
         self._thread.start()
         assert ready.wait(60), "operator did not start"
+
+    def policy_in_force(self) -> Policy:
+        if self.calibrator_image is None:
+            return self.policy
+        return self.policy.model_copy(update={"calibrator_image": self.calibrator_image})
 
     def stop(self) -> None:
         if self._thread is not None:

@@ -113,3 +113,24 @@ def test_application_example_points_at_the_chart() -> None:
     assert operator["kind"] == "Application"
     chart = Path(__file__).resolve().parents[2] / operator["spec"]["source"]["path"]
     assert (chart / "values.yaml").is_file()
+
+
+def test_failing_reconciles_and_unverified_serving_are_degraded() -> None:
+    """Issue #10: problems show where users look, Argo CD included."""
+    from kvcal.core.conditions import set_condition
+    from kvcal.models.status import KVCalibrationStatus
+    from tests.unit.test_decide_support import NOW
+
+    def succeeded(type_: str, state: str, message: str) -> dict[str, Any]:
+        conditions = set_condition([], type_, state, "R", message, NOW, 3)  # type: ignore[arg-type]
+        status = KVCalibrationStatus(phase=Phase.SUCCEEDED, observed_generation=3, conditions=conditions)
+        return kvcal(status.to_wire())
+
+    failing = run_health(succeeded("ReconcileError", "True", "Kubernetes API error 422"))
+    assert failing["status"] == "Degraded" and "422" in failing["message"]
+    unverified = run_health(succeeded("ServingVerified", "False", "v0.33.0 does not serve the calibrated scales"))
+    assert unverified["status"] == "Degraded" and "v0.33.0" in unverified["message"]
+    changed = run_health(succeeded("SpecCurrent", "False", "run `kvcal recalibrate llama`"))
+    assert changed["status"] == "Healthy" and "kvcal recalibrate" in changed["message"]
+    recovered = run_health(succeeded("ReconcileError", "False", "the last pass succeeded"))
+    assert recovered["status"] == "Healthy"

@@ -103,5 +103,7 @@ def job(name: str, state: str = "Running", message: str = "", reason: str = "", 
 def observations(**fields: Any) -> Observations:
     fields.setdefault("baseline", baseline())
     fields.setdefault("baseline_service", baseline_service())
+    if "calibrator_image" in fields:  # the operator's default image (chart value jobImages.calibrator)
+        fields["policy"] = POLICY.model_copy(update={"calibrator_image": fields.pop("calibrator_image")})
     fields.setdefault("policy", POLICY)
     return Observations(owner=OWNER, generation=fields.pop("generation", 1), **fields)

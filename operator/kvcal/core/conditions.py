@@ -14,6 +14,10 @@ CONDITION_TYPES: tuple[ConditionType, ...] = (
     "Promoted",
     "Ready",
 )
+# Set only when they apply (after a promotion, on a spec change in a terminal phase, after a failed pass), so a
+# fresh status lists the six above; the order of a status's conditions follows CONDITION_ORDER.
+OPTIONAL_CONDITION_TYPES: tuple[ConditionType, ...] = ("ServingVerified", "SpecCurrent", "ReconcileError")
+CONDITION_ORDER = CONDITION_TYPES + OPTIONAL_CONDITION_TYPES
 
 
 def get_condition(conditions: list[Condition], type_: ConditionType) -> Condition | None:
@@ -29,7 +33,7 @@ def set_condition(
     now: datetime,
     generation: int | None,
 ) -> list[Condition]:
-    """A new list with `type_` set; order follows CONDITION_TYPES so the written status is stable."""
+    """A new list with `type_` set; order follows CONDITION_ORDER so the written status is stable."""
     old = get_condition(conditions, type_)
     changed = old is None or old.status != status
     new = Condition.model_validate(
@@ -44,4 +48,4 @@ def set_condition(
     )
     others = {c.type: c for c in conditions if c.type != type_}
     others[type_] = new
-    return [others[t] for t in CONDITION_TYPES if t in others]
+    return [others[t] for t in CONDITION_ORDER if t in others]

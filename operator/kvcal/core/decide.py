@@ -8,22 +8,29 @@ between acting and writing status) creates nothing twice.
 
 from datetime import datetime
 
+from kvcal.core.finished import recalibrate, spec_changed_when_done
+from kvcal.core.guards import baseline_scaled_to_zero, blocked, refuse_served_output
 from kvcal.core.lifecycle import HANDLERS, POLL_SECONDS, Builder, fail, next_measurement_at, remove_children
 from kvcal.core.manifests import BaselineError
 from kvcal.core.observations import (
     ABORT_ANNOTATION,
     PROMOTE_ANNOTATION,
+    RECALIBRATE_ANNOTATION,
     RETRY_ANNOTATION,
     ClearAnnotations,
     Decision,
     Delete,
     Observations,
 )
-from kvcal.core.phases import ACTIVE, RETRYABLE
+from kvcal.core.phases import ACTIVE, RETRYABLE, is_allowed
 from kvcal.core.policy import Violation, check
-from kvcal.core.spechash import spec_hash
+from kvcal.core.provenance import calibrator_image, record_calibrator_image, with_calibrator_image
+from kvcal.core.redact import redact
+from kvcal.core.serving import watch_serving
+from kvcal.core.spechash import effective_spec_hash
 from kvcal.models.spec import AnalysisSpec, KVCalibrationSpec
 from kvcal.models.status import (
+    TERMINAL_PHASES,
     AnalysisStatus,
     CalibrationStatus,
     CanaryStatus,
@@ -40,7 +47,7 @@ __all__ = ["OBSERVES", "POLL_SECONDS", "decide", "measurement_due", "next_measur
 # covers the phases a pass can chain into (Analyzing -> Promoting, Deploying -> RollingBack, ...); gates and spec
 # changes never chain, so a pass never acts on something it did not read.
 OBSERVES: dict[Phase, frozenset[str]] = {
-    P.PENDING: frozenset({"calibration_job"}),
+    P.PENDING: frozenset({"calibration_job", "baseline"}),  # the baseline: never calibrate into what it serves
     P.CALIBRATING: frozenset({"calibration_job"}),
     P.VERIFYING: frozenset({"verification_job", "baseline"}),
     P.DEPLOYING: frozenset({"canary", "baseline", "baseline_service", "routed_weight"}),
@@ -48,7 +55,7 @@ OBSERVES: dict[Phase, frozenset[str]] = {
     P.AWAITING_PROMOTION: frozenset({"canary", "baseline", "routed_weight"}),
     P.PROMOTING: frozenset({"canary", "baseline", "routed_weight"}),
     P.ROLLING_BACK: frozenset({"canary", "calibration_job", "verification_job", "routed_weight"}),
-    P.SUCCEEDED: frozenset(),
+    P.SUCCEEDED: frozenset({"baseline"}),  # re-verify when its vLLM image or backend changes (core.serving)
     P.ROLLED_BACK: frozenset(),
     P.FAILED: frozenset(),
     P.INVALID_SPEC: frozenset(),
@@ -64,16 +71,21 @@ def measurement_due(spec: AnalysisSpec, status: KVCalibrationStatus, now: dateti
 def decide(spec: KVCalibrationSpec | None, status: KVCalibrationStatus, obs: Observations, now: datetime) -> Decision:
     b = Builder(spec, status, obs, now)
     if spec is None:
-        if b.phase != P.INVALID_SPEC:
-            b.move(P.INVALID_SPEC, "InvalidSpec", obs.spec_error or "the spec is invalid")
+        why = redact(obs.spec_error or "the spec is invalid")
+        if b.phase in TERMINAL_PHASES:  # what ran stays as it is; the spec is the user's to fix
+            b.condition("SpecCurrent", "False", "InvalidSpec", f"{why}; nothing changes until the spec is valid")
+        elif not is_allowed(b.phase, P.INVALID_SPEC):  # Promoting, RollingBack: they finish once it is valid
+            blocked(b, "InvalidSpec", f"{why}: fix the spec to finish {b.phase}", 60.0)
+        elif b.phase != P.INVALID_SPEC:
+            b.move(P.INVALID_SPEC, "InvalidSpec", why)
         else:
-            b.update(message=obs.spec_error or "the spec is invalid")
+            b.update(message=why)
         return b.finish()
     violations = check(spec, obs.policy)
     if violations and (b.phase in (P.PENDING, P.INVALID_SPEC) or b.phase in ACTIVE):
         _refuse(b, violations)
         return b.finish()
-    current_hash = spec_hash(spec)
+    current_hash = effective_spec_hash(spec, status.calibration.spec_hash, obs.policy.calibrator_image)
     if b.phase == P.INVALID_SPEC:
         b.move(P.PENDING, "SpecFixed", "the spec is valid again")
     _on_spec_change(b, spec, current_hash)
@@ -82,10 +94,23 @@ def decide(spec: KVCalibrationSpec | None, status: KVCalibrationStatus, obs: Obs
         # A spec change, an abort or a retry only moves the phase (and deletes what must go); the new phase's work
         # happens in the next pass, on observations gathered for that phase (deletions have landed by then).
         return b.finish()
+    image = calibrator_image(spec, obs)
+    resolved = with_calibrator_image(spec, image)
+    before = (b.status, list(b.actions), list(b.events), b.requeue)
     try:
-        HANDLERS[b.phase](b, spec, current_hash)
-    except BaselineError as e:
-        fail(b, "BaselineUnusable", str(e))
+        try:
+            if refuse_served_output(b, resolved) or baseline_scaled_to_zero(b, spec):
+                return b.finish()
+            HANDLERS[b.phase](b, resolved, current_hash)
+            if b.phase == P.SUCCEEDED:
+                watch_serving(b, resolved)
+        except BaselineError as e:
+            fail(b, "BaselineUnusable", str(e))
+    except (ValueError, LookupError, TypeError) as e:
+        # A problem no handler foresaw: shown in the status, never an exception that retries forever unseen.
+        b.status, b.actions, b.events, b.requeue = before
+        blocked(b, "Blocked", redact(f"cannot continue in phase {b.phase}: {type(e).__name__}: {e}"), 60.0)
+    record_calibrator_image(b, image)
     return b.finish()
 
 
@@ -104,8 +129,12 @@ def _refuse(b: Builder, violations: list[Violation]) -> None:
 
 
 def _on_spec_change(b: Builder, spec: KVCalibrationSpec, current_hash: str) -> None:
-    """A change of the calibration inputs starts over; other spec changes apply to the next decision only."""
+    """A change of the calibration inputs starts over while the work is active; other spec changes apply to the
+    next decision only. A terminal object never restarts by itself (core.finished)."""
     old = b.status.calibration.spec_hash
+    if b.phase in TERMINAL_PHASES and old is not None:
+        spec_changed_when_done(b, old, current_hash)
+        return
     if old is None or old == current_hash or b.phase in (P.PENDING, P.PROMOTING, P.ROLLING_BACK):
         return
     remove_children(b, include_jobs=True)
@@ -122,6 +151,9 @@ def _on_spec_change(b: Builder, spec: KVCalibrationSpec, current_hash: str) -> N
 
 def _on_gates(b: Builder, spec: KVCalibrationSpec) -> None:
     gates = b.obs.gates
+    if gates.get(RECALIBRATE_ANNOTATION):
+        b.do(ClearAnnotations((RECALIBRATE_ANNOTATION,)))
+        recalibrate(b)
     if gates.get(ABORT_ANNOTATION):
         b.do(ClearAnnotations((ABORT_ANNOTATION,)))
         if b.phase in ACTIVE:

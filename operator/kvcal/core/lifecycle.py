@@ -40,6 +40,7 @@ from kvcal.core.observations import (
 from kvcal.core.phases import check_transition
 from kvcal.core.timestamps import parse_rfc3339, rfc3339
 from kvcal.core.traffic import plan_step
+from kvcal.core.verification import verification_result
 from kvcal.models.spec import AnalysisSpec, KVCalibrationSpec
 from kvcal.models.status import (
     CALIBRATION_SUMMARY_FIELDS,
@@ -261,17 +262,8 @@ def _verifying(b: Builder, spec: KVCalibrationSpec, h: str) -> None:
         b.update(verification=VerificationStatus(job=job.name))
         b.wait(f"verification Job {job.name} is running")
         return
-    summary = _json_object(job.message)
-    raw_problems = summary.get("problems")
-    problems: list[Any] = raw_problems if isinstance(raw_problems, list) else []
-    verification = VerificationStatus(
-        job=job.name,
-        layers=summary.get("layers") if isinstance(summary.get("layers"), int) else None,
-        mismatches=summary.get("mismatches") if isinstance(summary.get("mismatches"), int) else None,
-        message=("; ".join(str(p) for p in problems) or job.message.strip() or job.reason)[:1024] or None,
-    )
+    verification, ok = verification_result(job)
     b.update(verification=verification)
-    ok = job.state == "Succeeded" and summary.get("ok") is True and not verification.mismatches
     if not ok:
         why = verification.message or "no message"
         reason = "ScalesMismatch" if verification.mismatches else "VerificationFailed"
@@ -281,14 +273,6 @@ def _verifying(b: Builder, spec: KVCalibrationSpec, h: str) -> None:
     message = f"vLLM loaded the calibrated scales of {verification.layers} layers, 0 mismatches"
     b.condition("ScalesVerified", "True", "ScalesLoaded", message)
     b.move(P.DEPLOYING, "ScalesVerified", message)
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _no_baseline(spec: KVCalibrationSpec) -> str:

@@ -13,7 +13,9 @@ from kvcal.models.status import KVCalibrationStatus, Measurement
 PROMOTE_ANNOTATION = "kvcal.dev/promote"
 ABORT_ANNOTATION = "kvcal.dev/abort"
 RETRY_ANNOTATION = "kvcal.dev/retry"
-GATE_ANNOTATIONS = (PROMOTE_ANNOTATION, ABORT_ANNOTATION, RETRY_ANNOTATION)
+# Calibrate anew (a terminal object never restarts by itself, not even on a spec change).
+RECALIBRATE_ANNOTATION = "kvcal.dev/recalibrate"
+GATE_ANNOTATIONS = (PROMOTE_ANNOTATION, ABORT_ANNOTATION, RETRY_ANNOTATION, RECALIBRATE_ANNOTATION)
 ChildKind = Literal["Job", "ConfigMap", "Deployment", "Service"]
 
 
@@ -63,7 +65,11 @@ class Observations:
     # has no weight to read (replicas: the replica ratio is the weight; none: no user traffic) or it was not read.
     routed_weight: int | None = None
     spec_error: str | None = None  # the spec failed validation: why, naming the field
-    policy: Policy = field(default_factory=Policy)  # the operator's security policy (chart values policy.*)
+    # The operator's security policy (chart values policy.*). Its calibrator image (jobImages.calibrator) is the
+    # default for specs that name none: used to build the Job and recorded as provenance, never hashed (an operator
+    # upgrade must not restart anything).
+    policy: Policy = field(default_factory=Policy)
+    serving_verification_job: JobState | None = None  # the Job named in status.serving.verification.job
 
 
 @dataclass(frozen=True)

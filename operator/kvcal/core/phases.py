@@ -25,8 +25,8 @@ ALLOWED: dict[Phase, frozenset[Phase]] = {
     # Once the baseline starts rolling there is no way back: promotion finishes (or fails), it never rolls back.
     P.PROMOTING: frozenset({P.SUCCEEDED, P.FAILED}),
     P.ROLLING_BACK: frozenset({P.ROLLED_BACK}),
-    # Terminal phases: a spec change whose calibration hash differs starts over; `kvcal retry` re-runs the analysis
-    # (RolledBack) or the whole pipeline (Failed).
+    # Terminal phases never restart by themselves (a spec change only sets SpecCurrent=False): `kvcal recalibrate`
+    # starts over; `kvcal retry` re-runs the analysis (RolledBack) or the whole pipeline (Failed).
     P.SUCCEEDED: frozenset({P.PENDING}),
     P.ROLLED_BACK: frozenset({P.DEPLOYING, P.PENDING}),
     P.FAILED: frozenset({P.PENDING, P.DEPLOYING}),

@@ -20,6 +20,7 @@ from kubernetes import client
 
 from kvcal.adapters.kube import GROUP, PLURAL, VERSION
 from kvcal.core.manifests.common import KIND, LABEL_MANAGED_BY, MANAGED_BY
+from kvcal.services.failures import describe_failure
 from kvcal.services.reconciler import Reconciler
 
 log = logging.getLogger(__name__)
@@ -111,10 +112,20 @@ def build_registry(reconciler: Reconciler, wakers: Wakers, api: client.ApiClient
                 try:
                     requeue = await asyncio.to_thread(reconciler.reconcile, namespace, name)
                     errors = 0
-                except Exception:
+                except Exception as e:
                     errors += 1
                     requeue = min(MAX_ERROR_BACKOFF, 2.0**errors)
-                    log.exception("reconcile of %s/%s failed; retrying in %.0fs", namespace, name, requeue)
+                    # Redacted (no credentials in logs); the traceback, which may quote them, only at debug level.
+                    reason, message = describe_failure(e)
+                    log.error(
+                        "reconcile of %s/%s failed (%s): %s; retrying in %.0fs",
+                        namespace,
+                        name,
+                        reason,
+                        message,
+                        requeue,
+                    )
+                    log.debug("reconcile of %s/%s failed", namespace, name, exc_info=True)
                 await _sleep(wake, stopped, RESYNC_SECONDS if requeue is None else requeue)
         finally:
             wakers.events.pop((namespace, name), None)

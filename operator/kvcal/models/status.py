@@ -28,7 +28,17 @@ class Phase(StrEnum):
 
 TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.ROLLED_BACK, Phase.FAILED})
 
-ConditionType = Literal["Calibrated", "ScalesVerified", "CanaryReady", "AnalysisPassed", "Promoted", "Ready"]
+ConditionType = Literal[
+    "Calibrated",
+    "ScalesVerified",
+    "CanaryReady",
+    "AnalysisPassed",
+    "Promoted",
+    "Ready",
+    "ServingVerified",
+    "SpecCurrent",
+    "ReconcileError",
+]
 
 
 class Condition(Model):
@@ -82,6 +92,7 @@ class CalibrationStatus(Model):
     top1_agreement_calibrated: float | None = None
     duration_seconds: float | None = None
     message: str | None = None
+    calibrator_image: str | None = None  # provenance: the image that computed the scales (spec's or the default)
 
 
 class VerificationStatus(Model):
@@ -89,6 +100,14 @@ class VerificationStatus(Model):
     layers: int | None = None
     mismatches: int | None = None
     message: str | None = None
+
+
+class ServingStatus(Model):
+    """What the promoted baseline runs, as last verified: a change of image or attention backend re-verifies."""
+
+    image: str | None = None
+    attention_backend: str | None = None
+    verification: VerificationStatus = VerificationStatus()
 
 
 class CanaryStatus(Model):
@@ -142,3 +161,4 @@ class KVCalibrationStatus(Model):
     canary: CanaryStatus = CanaryStatus()
     analysis: AnalysisStatus = AnalysisStatus()
     history: list[HistoryEntry] = []
+    serving: ServingStatus = ServingStatus()

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from pydantic import ValidationError
 
 from kvcal.core.analysis import error_measurement
+from kvcal.core.conditions import get_condition, set_condition
 from kvcal.core.decide import OBSERVES, decide, measurement_due
 from kvcal.core.deletion import decide_deletion
 from kvcal.core.endpoints import probe_urls
@@ -41,19 +42,21 @@ from kvcal.core.observations import (
     SetWeight,
 )
 from kvcal.core.policy import Policy
-from kvcal.core.spechash import spec_hash
+from kvcal.core.spechash import effective_spec_hash
 from kvcal.core.timestamps import parse_rfc3339, rfc3339
 from kvcal.metrics import OperatorMetrics
 from kvcal.models.errors import describe
 from kvcal.models.spec import KVCalibrationSpec
-from kvcal.models.status import TERMINAL_PHASES, KVCalibrationStatus, Measurement
+from kvcal.models.status import TERMINAL_PHASES, ConditionType, KVCalibrationStatus, Measurement, Phase
 from kvcal.ports import AnalysisBackends, Conflict, Kube, Manifest, Target
+from kvcal.services.failures import describe_failure
 
 log = logging.getLogger(__name__)
 MAX_CONFLICT_RETRIES = 3
 # The API server drops Events after --event-ttl (1 h by default): an older entry is not re-sent after a restart, where
 # AlreadyExists could no longer tell that it was sent.
 EVENT_RESEND_WINDOW = timedelta(minutes=50)
+RECONCILE_ERROR: ConditionType = "ReconcileError"
 
 
 @dataclass
@@ -115,6 +118,16 @@ def deployment_state(deployment: Manifest | None) -> DeploymentState | None:
     )
 
 
+def _recovered(status: KVCalibrationStatus, now: datetime, generation: int) -> KVCalibrationStatus:
+    """A pass that got this far succeeded: a ReconcileError left by an earlier one turns False."""
+    previous = get_condition(status.conditions, RECONCILE_ERROR)
+    if previous is None or previous.status != "True":
+        return status
+    message = f"the last pass succeeded (before: {previous.message})"
+    conditions = set_condition(status.conditions, RECONCILE_ERROR, "False", "Recovered", message, now, generation)
+    return status.model_copy(update={"conditions": conditions})
+
+
 class Reconciler:
     def __init__(
         self,
@@ -128,8 +141,8 @@ class Reconciler:
         self.clock = clock
         self.backends = backends
         self.metrics = metrics
-        # The security policy (chart values policy.*); its calibrator image (chart value jobImages.calibrator) is
-        # applied at the boundary to specs that name none, so the pure core only ever sees a complete spec.
+        # The security policy (chart values policy.*). Its calibrator image (chart value jobImages.calibrator) goes to
+        # the core beside the spec, never into it: the spec hash covers only what the user declared.
         self.policy = policy or Policy()
         self._sent_events: dict[str, set[str]] = {}  # object uid -> history Event names known to exist
 
@@ -147,9 +160,40 @@ class Reconciler:
                     result = "conflict"
                     log.info("%s; re-reading", e)
             return 1.0
+        except Exception as e:
+            self._report_failure(namespace, name, e)
+            raise  # the handler logs it and retries with backoff
         finally:
             if self.metrics:
                 self.metrics.reconciled(result, time.monotonic() - started)
+
+    def _report_failure(self, namespace: str, name: str, error: Exception) -> None:
+        """The failed pass wrote no status: say so in the ReconcileError condition, a Warning event and a metric."""
+        reason, message = describe_failure(error)
+        if self.metrics:
+            self.metrics.reconcile_failed(reason)
+        try:
+            obj = self.kube.get("KVCalibration", namespace, name)
+            if obj is None:
+                return
+            status = parse_status(obj)
+            previous = get_condition(status.conditions, RECONCILE_ERROR)
+            generation = int(obj["metadata"].get("generation", 1))
+            conditions = set_condition(
+                status.conditions, RECONCILE_ERROR, "True", reason, message, self.clock(), generation
+            )
+            if previous is None or previous.status != "True" or previous.message != message:
+                self.kube.replace_status(
+                    namespace,
+                    name,
+                    obj["metadata"]["resourceVersion"],
+                    status.model_copy(update={"conditions": conditions}).to_wire(),
+                )
+                if self.metrics:
+                    self.metrics.warned("ReconcileError")
+                self.kube.emit_event(obj, "Warning", "ReconcileError", f"{message} (retrying with backoff)")
+        except Exception:  # reporting is best effort: the API may be what failed
+            log.exception("could not report the failed reconcile of %s/%s", namespace, name)
 
     def _pass(self, namespace: str, name: str) -> float | None:
         obj = self.kube.get("KVCalibration", namespace, name)
@@ -159,17 +203,15 @@ class Reconciler:
             return None
         now = self.clock()
         spec, spec_error = parse_spec(obj)
-        if spec is not None and not spec.calibration.job.image:
-            job = spec.calibration.job.model_copy(update={"image": self.policy.calibrator_image})
-            spec = spec.model_copy(update={"calibration": spec.calibration.model_copy(update={"job": job})})
         status = parse_status(obj)
         owner = Owner(name, namespace, obj["metadata"]["uid"])
         obs = self.observe(obj, owner, spec, spec_error, status, now)
         decision = decide(spec, status, obs, now)
         target = self._target(owner, spec) if spec else None
         self.act(owner, decision, target)
-        if decision.status != status:
-            self.kube.replace_status(namespace, name, obj["metadata"]["resourceVersion"], decision.status.to_wire())
+        new_status = _recovered(decision.status, now, obs.generation)
+        if new_status != status:
+            self.kube.replace_status(namespace, name, obj["metadata"]["resourceVersion"], new_status.to_wire())
         self._after_write(obj, owner, status, decision, now)
         return decision.requeue_after
 
@@ -183,7 +225,7 @@ class Reconciler:
             current.add(name)
             if name in sent:
                 continue
-            if now - datetime.fromisoformat(entry.at.replace("Z", "+00:00")) > EVENT_RESEND_WINDOW:
+            if now - parse_rfc3339(entry.at) > EVENT_RESEND_WINDOW:
                 sent.add(name)
                 continue
             event = history_event(entry)
@@ -200,6 +242,8 @@ class Reconciler:
         self.send_history_events(obj, decision.status, now)
         lifecycle = {history_event(entry) for entry in decision.status.history}
         for event in decision.events:
+            if self.metrics and event.type == "Warning":
+                self.metrics.warned(event.reason)
             if event in lifecycle:
                 continue  # sent from the history above
             try:
@@ -231,7 +275,8 @@ class Reconciler:
         base = Observations(owner, generation, gates=gates, spec_error=spec_error, policy=self.policy)
         if spec is None:
             return base
-        ns, h, needs = owner.namespace, spec_hash(spec), OBSERVES[status.phase]
+        h = effective_spec_hash(spec, status.calibration.spec_hash, self.policy.calibrator_image)
+        ns, needs = owner.namespace, OBSERVES[status.phase]
         read_messages = status.phase not in TERMINAL_PHASES
 
         def message(job: str) -> str | None:
@@ -244,6 +289,12 @@ class Reconciler:
             return deployment_state(self.kube.get("Deployment", ns, name)) if field in needs else None
 
         baseline = spec.serving.baseline
+        serving_job_name = status.serving.verification.job if status.phase == Phase.SUCCEEDED else None
+        serving_job = (
+            job_state(self.kube.get("Job", ns, serving_job_name), lambda job: self.kube.termination_message(ns, job))
+            if serving_job_name
+            else None
+        )
         obs = Observations(
             owner=owner,
             generation=base.generation,
@@ -255,6 +306,7 @@ class Reconciler:
             baseline_service=self.kube.get("Service", ns, baseline.service) if "baseline_service" in needs else None,
             policy=self.policy,
             routed_weight=self.routed_weight(owner, spec) if "routed_weight" in needs else None,
+            serving_verification_job=serving_job,
         )
         if measurement_due(spec.analysis, status, now):
             target = self._target(owner, spec)

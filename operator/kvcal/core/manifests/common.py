@@ -65,6 +65,12 @@ def verification_job_name(owner_name: str, spec_hash: str) -> str:
     return child_name(owner_name, f"verify-{spec_hash[:8]}")
 
 
+def serving_verification_job_name(owner_name: str, spec_hash: str, image: str, attention_backend: str | None) -> str:
+    """The re-verification after a promotion, one per (image, attention backend) the baseline runs."""
+    runtime = hashlib.sha256(f"{image}\n{attention_backend or ''}".encode()).hexdigest()[:6]
+    return child_name(owner_name, f"verify-{spec_hash[:8]}-{runtime}")
+
+
 def canary_name(owner_name: str) -> str:
     return child_name(owner_name, "canary")
 

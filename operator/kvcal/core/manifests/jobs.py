@@ -172,10 +172,16 @@ def build_calibration_job(owner: Owner, spec: KVCalibrationSpec, spec_hash: str)
 
 
 def build_verification_job(
-    owner: Owner, spec: KVCalibrationSpec, spec_hash: str, baseline_container: Manifest, baseline_pod: Manifest
+    owner: Owner,
+    spec: KVCalibrationSpec,
+    spec_hash: str,
+    baseline_container: Manifest,
+    baseline_pod: Manifest,
+    name: str | None = None,
 ) -> Manifest:
     """Runs `kvcal verify CHECKPOINT --runtime` in the canary's (= the baseline's) vLLM image on the same hardware:
-    same resources, node selector and tolerations as the baseline pod."""
+    same resources, node selector and tolerations as the baseline pod. `name`: after a promotion, the re-verification
+    in the baseline's new image (default: the verification before the canary)."""
     checkpoint = checkpoint_location(spec)
     volumes, mounts = volumes_and_mounts([(checkpoint, False)])
     command = [
@@ -201,7 +207,7 @@ def build_verification_job(
     scheduling = {k: baseline_pod[k] for k in ("nodeSelector", "tolerations", "affinity") if baseline_pod.get(k)}
     return _job(
         owner,
-        verification_job_name(owner.name, spec_hash),
+        name or verification_job_name(owner.name, spec_hash),
         "verification",
         spec_hash,
         container,

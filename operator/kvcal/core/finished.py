@@ -1,0 +1,59 @@
+"""A finished run (Succeeded, RolledBack, Failed) never restarts by itself: a spec change is reported in the
+SpecCurrent condition, and `kvcal recalibrate` (annotation kvcal.dev/recalibrate) starts over on demand."""
+
+from kvcal.core.conditions import get_condition
+from kvcal.core.lifecycle import Builder, remove_children
+from kvcal.models.status import (
+    TERMINAL_PHASES,
+    AnalysisStatus,
+    CalibrationStatus,
+    CanaryStatus,
+    Phase,
+    ServingStatus,
+    VerificationStatus,
+)
+
+P = Phase
+
+
+def spec_changed_when_done(b: Builder, old: str, current_hash: str) -> None:
+    """Succeeded: the promoted checkpoint keeps serving, a new calibration is the user's call (it may need a new
+    output folder: the baseline serves the old one). RolledBack/Failed: nothing runs, nothing starts unasked. The
+    SpecCurrent condition says so, and how to calibrate anew."""
+    present = get_condition(b.status.conditions, "SpecCurrent")
+    if old == current_hash:
+        if present is not None and present.status != "True":
+            b.condition("SpecCurrent", "True", "SpecMatches", "the spec matches the calibration in the status")
+        return
+    name = b.obs.owner.name
+    message = f"the calibration inputs changed ({old[:8]} -> {current_hash[:8]}) after this {b.phase} calibration; "
+    if b.phase == P.SUCCEEDED:
+        message += "the promoted checkpoint keeps serving. To calibrate anew, set a new spec.calibration.output and "
+    else:
+        message += "nothing restarts by itself. To calibrate with the new spec, "
+    message += f"run `kvcal recalibrate {name}` (annotation kvcal.dev/recalibrate)"
+    if present is None or present.message != message:
+        b.event("Warning", "SpecChanged", message)
+    b.condition("SpecCurrent", "False", "SpecChanged", message)
+
+
+def recalibrate(b: Builder) -> None:
+    """`kvcal recalibrate`: calibrate anew from the current spec; only a terminal object (an active one restarts on
+    a spec change by itself, or is aborted first)."""
+    if b.phase not in TERMINAL_PHASES:
+        b.event("Warning", "RecalibrateIgnored", f"nothing to recalibrate in phase {b.phase}: abort it or let it end")
+        return
+    remove_children(b, include_jobs=True)
+    b.update(
+        calibration=CalibrationStatus(),
+        verification=VerificationStatus(),
+        canary=CanaryStatus(),
+        analysis=AnalysisStatus(),
+        serving=ServingStatus(),
+    )
+    for t in ("Calibrated", "ScalesVerified", "CanaryReady", "AnalysisPassed", "Promoted"):
+        b.condition(t, "Unknown", "Recalibrate", "recalibrating")
+    for optional in ("SpecCurrent", "ServingVerified"):
+        if get_condition(b.status.conditions, optional) is not None:
+            b.condition(optional, "Unknown", "Recalibrate", "recalibrating")
+    b.move(P.PENDING, "Recalibrate", "kvcal.dev/recalibrate: calibrating anew from the current spec")

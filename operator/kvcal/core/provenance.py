@@ -1,0 +1,27 @@
+"""The calibrator image: resolved for the Job (the user's, else the operator's default), recorded as provenance,
+never hashed (core.spechash), so an operator upgrade that changes the default restarts nothing."""
+
+from kvcal.core.lifecycle import Builder
+from kvcal.core.observations import Observations
+from kvcal.models.spec import KVCalibrationSpec
+from kvcal.models.status import Phase
+
+
+def calibrator_image(spec: KVCalibrationSpec, obs: Observations) -> str:
+    return spec.calibration.job.image or obs.policy.calibrator_image
+
+
+def with_calibrator_image(spec: KVCalibrationSpec, image: str) -> KVCalibrationSpec:
+    """The spec the Job builders see: the resolved image in place (the hash saw only what the user declared)."""
+    job = spec.calibration.job.model_copy(update={"image": image})
+    return spec.model_copy(update={"calibration": spec.calibration.model_copy(update={"job": job})})
+
+
+def record_calibrator_image(b: Builder, image: str) -> None:
+    """Provenance: the image that computed the scales, recorded by the pass that creates the calibration Job."""
+    calibration = b.status.calibration
+    if calibration.job is None or calibration.calibrator_image:
+        return
+    carried = b.start.calibration.calibrator_image if b.start.calibration.job == calibration.job else None
+    if carried or b.start.phase == Phase.PENDING:
+        b.update(calibration=calibration.model_copy(update={"calibrator_image": carried or image}))

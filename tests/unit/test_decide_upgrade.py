@@ -1,0 +1,214 @@
+"""Issue #10 item 4 in the pure core: an operator upgrade never re-runs finished work (spec hash of what the user
+declared, terminal phases never restart, `kvcal recalibrate`), never calibrates into what the baseline serves, and
+re-verifies after the promoted baseline's vLLM image or attention backend changes."""
+
+import json
+from dataclasses import replace
+from typing import Any
+
+from kvcal.core.conditions import get_condition
+from kvcal.core.decide import decide
+from kvcal.core.inuse import output_in_use
+from kvcal.core.manifests import calibration_job_name, verification_job_name
+from kvcal.core.manifests.canary import build_promoted_baseline
+from kvcal.core.manifests.common import serving_verification_job_name
+from kvcal.core.observations import RECALIBRATE_ANNOTATION, ClearAnnotations, Create, Delete, DeploymentState
+from kvcal.core.spechash import effective_spec_hash, legacy_spec_hash, spec_hash
+from kvcal.models.spec import KVCalibrationSpec
+from kvcal.models.status import (
+    CalibrationStatus,
+    KVCalibrationStatus,
+    Phase,
+    ServingStatus,
+    VerificationStatus,
+)
+from tests.unit.test_decide_support import NOW, OWNER, SPEC, baseline, job, observations, spec
+
+P = Phase
+NO_IMAGE: dict[str, Any] = {**SPEC["calibration"], "job": {"backoffLimit": 0}}  # the user names no image
+H = spec_hash(spec())
+VERIFIED = VerificationStatus(job=verification_job_name(OWNER.name, H), layers=30, mismatches=0)
+
+
+def succeeded(calibration_hash: str = H, **fields: Any) -> KVCalibrationStatus:
+    calibration = CalibrationStatus(
+        job=calibration_job_name(OWNER.name, calibration_hash),
+        spec_hash=calibration_hash,
+        artifact="pvc://models/smollm2-fp8kv",
+    )
+    return KVCalibrationStatus(phase=P.SUCCEEDED, calibration=calibration, verification=VERIFIED, **fields)
+
+
+def promoted(the_spec: KVCalibrationSpec, image: str | None = None, backend: str | None = None) -> DeploymentState:
+    """The baseline after the promotion patch of `the_spec`, optionally moved to another image / backend."""
+    state = baseline()
+    manifest = state.manifest
+    patch = build_promoted_baseline(OWNER, the_spec, spec_hash(the_spec), manifest)
+    manifest["metadata"]["annotations"] = patch["metadata"]["annotations"]
+    manifest["spec"]["template"]["spec"] = patch["spec"]["template"]["spec"]
+    container = manifest["spec"]["template"]["spec"]["containers"][0]
+    if image:
+        container["image"] = image
+    if backend:
+        container["env"] = [{"name": "VLLM_ATTENTION_BACKEND", "value": backend}]
+    return replace(state, manifest=manifest)
+
+
+def condition(status: KVCalibrationStatus, type_: str) -> tuple[str, str, str]:
+    found = get_condition(status.conditions, type_)  # type: ignore[arg-type]
+    assert found is not None, f"no {type_} condition"
+    return found.status, found.reason, found.message
+
+
+# --- the spec hash covers what the user declared ---------------------------------------------------------------
+
+
+def test_operator_default_image_is_not_hashed_but_recorded() -> None:
+    user_spec = spec(calibration=NO_IMAGE)
+    first = decide(user_spec, KVCalibrationStatus(), observations(calibrator_image="calib:1"), NOW)
+    (job_create,) = [a for a in first.actions if isinstance(a, Create) and a.manifest["kind"] == "Job"]
+    assert job_create.manifest["spec"]["template"]["spec"]["containers"][0]["image"] == "calib:1"
+    assert first.status.calibration.spec_hash == spec_hash(user_spec)
+    assert first.status.calibration.calibrator_image == "calib:1"
+    # The operator upgraded (another default image) while Calibrating: same Job, same provenance.
+    running = observations(calibrator_image="calib:2", calibration_job=job(first.status.calibration.job or ""))
+    again = decide(user_spec, first.status, running, NOW)
+    assert again.status.phase == P.CALIBRATING and not again.actions
+    assert again.status.calibration.calibrator_image == "calib:1"
+
+
+def test_users_own_image_is_hashed() -> None:
+    assert spec_hash(spec()) != spec_hash(spec(calibration={"job": {"image": "other:1"}}))
+
+
+def test_status_recorded_by_an_older_operator_keeps_its_hash() -> None:
+    """kvcal <= 0.1 wrote the default image into the spec before hashing; that hash is still recognised."""
+    user_spec = spec(calibration=NO_IMAGE)
+    legacy = legacy_spec_hash(user_spec, "calib:1")
+    assert legacy != spec_hash(user_spec)
+    assert effective_spec_hash(user_spec, legacy, "calib:1") == legacy
+    assert effective_spec_hash(user_spec, legacy, "calib:2") == spec_hash(user_spec)  # really another image
+    status = KVCalibrationStatus(
+        phase=P.CALIBRATING,
+        calibration=CalibrationStatus(job=calibration_job_name(OWNER.name, legacy), spec_hash=legacy),
+    )
+    obs = observations(calibrator_image="calib:1", calibration_job=job(calibration_job_name(OWNER.name, legacy)))
+    d = decide(user_spec, status, obs, NOW)
+    assert d.status.phase == P.CALIBRATING and not d.actions
+
+
+# --- terminal phases never restart by themselves; `kvcal recalibrate` does -------------------------------------
+
+
+def test_spec_change_in_a_terminal_phase_restarts_nothing() -> None:
+    changed = spec(calibration={"samples": 128})
+    for phase in (P.SUCCEEDED, P.ROLLED_BACK, P.FAILED):
+        start = succeeded().model_copy(update={"phase": phase})
+        d = decide(changed, start, observations(baseline=promoted(spec())), NOW)
+        assert d.status.phase == phase and not [a for a in d.actions if not isinstance(a, Create)]
+        status, reason, message = condition(d.status, "SpecCurrent")
+        assert (status, reason) == ("False", "SpecChanged")
+        assert f"kvcal recalibrate {OWNER.name}" in message and H[:8] in message
+        assert ("new spec.calibration.output" in message) == (phase == P.SUCCEEDED)
+        assert [e.reason for e in d.events] == ["SpecChanged"]
+        assert not decide(changed, d.status, observations(baseline=promoted(spec())), NOW).events  # said once
+
+
+def test_reverting_the_spec_clears_spec_current() -> None:
+    changed = decide(spec(calibration={"samples": 128}), succeeded(), observations(baseline=baseline()), NOW)
+    reverted = decide(spec(), changed.status, observations(baseline=baseline()), NOW)
+    assert condition(reverted.status, "SpecCurrent")[:2] == ("True", "SpecMatches") and not reverted.events
+
+
+def test_recalibrate_annotation_starts_over_from_a_terminal_phase() -> None:
+    gates = {RECALIBRATE_ANNOTATION: "2026-01-02T03:04:05Z"}
+    d = decide(spec(), succeeded(), observations(gates=gates), NOW)
+    assert d.status.phase == P.PENDING and d.status.calibration == CalibrationStatus()
+    assert d.status.serving == ServingStatus()
+    assert ClearAnnotations((RECALIBRATE_ANNOTATION,)) in d.actions
+    assert Delete("Job", calibration_job_name(OWNER.name, H)) in d.actions
+    assert d.events[-1].reason == "Recalibrate"
+
+
+def test_recalibrate_annotation_is_ignored_while_active() -> None:
+    start = KVCalibrationStatus(phase=P.CALIBRATING, calibration=CalibrationStatus(job="j", spec_hash=H))
+    gates = {RECALIBRATE_ANNOTATION: "x"}
+    d = decide(spec(), start, observations(gates=gates, calibration_job=job("j")), NOW)
+    assert d.status.phase == P.CALIBRATING and [e.reason for e in d.events] == ["RecalibrateIgnored"]
+    assert ClearAnnotations((RECALIBRATE_ANNOTATION,)) in d.actions
+
+
+# --- never calibrate into what the baseline serves --------------------------------------------------------------
+
+
+def test_output_the_promoted_baseline_serves_is_refused() -> None:
+    d = decide(spec(), KVCalibrationStatus(), observations(baseline=promoted(spec())), NOW)
+    assert d.status.phase == P.PENDING and not d.actions
+    status, reason, message = condition(d.status, "Calibrated")
+    assert (status, reason) == ("False", "OutputInUse")
+    assert "choose a new spec.calibration.output" in message and "PersistentVolumeClaim models" in message
+    assert [e.reason for e in d.events] == ["OutputInUse"]
+
+
+def test_output_guard_cases() -> None:
+    served = baseline().manifest  # serves /models/smollm2 from PVC models, mounted whole at /models
+    assert output_in_use(spec(calibration={"output": "pvc://models/smollm2-fp8kv"}), served) is None  # a sibling
+    assert output_in_use(spec(calibration={"output": "pvc://models/smollm2"}), served)
+    assert output_in_use(spec(calibration={"output": "pvc://models/smollm2/sub"}), served)
+    assert output_in_use(spec(calibration={"output": "pvc://models"}), served)  # contains it
+    assert output_in_use(spec(calibration={"output": "pvc://other/smollm2"}), served) is None
+    assert output_in_use(spec(calibration={"output": "s3://bucket/smollm2"}), served) is None
+    host = promoted(spec(calibration={"output": "hostpath:///data/out"})).manifest
+    assert output_in_use(spec(calibration={"output": "hostpath:///data/out/"}), host)
+    assert output_in_use(spec(calibration={"output": "hostpath:///data/out2"}), host) is None
+
+
+# --- after a promotion: re-verify when the baseline's runtime changes -------------------------------------------
+
+
+def test_promotion_records_the_runtime_it_verified() -> None:
+    d = decide(spec(), succeeded(), observations(baseline=promoted(spec())), NOW)
+    assert d.status.serving.image == "vllm/vllm-openai:v0.32.0" and d.status.serving.verification == VERIFIED
+    assert condition(d.status, "ServingVerified")[:2] == ("True", "ScalesLoaded")
+    assert not d.actions and d.requeue_after is not None
+
+
+def test_new_baseline_image_reverifies_in_that_image() -> None:
+    start = decide(spec(), succeeded(), observations(baseline=promoted(spec())), NOW).status
+    moved = promoted(spec(), image="vllm/vllm-openai:v0.33.0", backend="FLASHINFER")
+    d = decide(spec(), start, observations(baseline=moved), NOW)
+    name = serving_verification_job_name(OWNER.name, H, "vllm/vllm-openai:v0.33.0", "FLASHINFER")
+    (create,) = d.actions
+    assert isinstance(create, Create) and create.manifest["metadata"]["name"] == name
+    container = create.manifest["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "vllm/vllm-openai:v0.33.0"
+    assert container["command"][-2:] == ["--attention-backend", "FLASHINFER"]
+    assert container["command"][2] == "/kvcal/pvc/models/smollm2-fp8kv"  # the promoted checkpoint
+    assert condition(d.status, "ServingVerified")[:2] == ("Unknown", "Reverifying")
+    assert d.status.phase == P.SUCCEEDED and [e.reason for e in d.events] == ["Reverifying"]
+
+    summary = json.dumps({"ok": True, "layers": 30, "mismatches": 0})
+    done = decide(
+        spec(), d.status, observations(baseline=moved, serving_verification_job=job(name, "Succeeded", summary)), NOW
+    )
+    status, reason, message = condition(done.status, "ServingVerified")
+    assert (status, reason) == ("True", "ScalesLoaded") and "30 layers" in message and "v0.33.0" in message
+    assert (
+        done.status.serving.image == "vllm/vllm-openai:v0.33.0"
+        and done.status.serving.attention_backend == "FLASHINFER"
+    )
+    assert not decide(spec(), done.status, observations(baseline=moved), NOW).actions  # verified once
+
+    bad = json.dumps({"ok": False, "layers": 30, "mismatches": 30, "problems": ["k_scale collapsed"]})
+    failed = decide(
+        spec(), d.status, observations(baseline=moved, serving_verification_job=job(name, "Failed", bad)), NOW
+    )
+    status, reason, message = condition(failed.status, "ServingVerified")
+    assert (status, reason) == ("False", "ScalesMismatch") and "30 mismatches" in message
+    assert "roll the baseline back to vllm/vllm-openai:v0.32.0" in message
+    assert [e.type for e in failed.events] == ["Warning"] and failed.status.phase == P.SUCCEEDED
+
+
+def test_a_baseline_no_longer_promoted_is_not_watched() -> None:
+    d = decide(spec(), succeeded(), observations(baseline=baseline()), NOW)
+    assert d.status.serving == ServingStatus() and not d.actions
