@@ -26,7 +26,7 @@ from kvcal.ports import Kind, Manifest
 from kvcal.services.failures import describe_failure
 from kvcal.services.reconciler import Reconciler
 from tests.unit.test_decide_reconciler import FakeKube, kvcal
-from tests.unit.test_decide_support import NOW, baseline, baseline_manifest, job, observations, spec
+from tests.unit.test_decide_support import NOW, POLICY, baseline, baseline_manifest, job, observations, spec
 
 P = Phase
 H = spec_hash(spec())
@@ -141,7 +141,7 @@ class FailingKube(FakeKube):
 def test_failed_pass_becomes_condition_event_and_metric_then_recovers() -> None:
     kube = FailingKube([kvcal()])
     metrics = OperatorMetrics()
-    reconciler = Reconciler(kube, clock=lambda: NOW, metrics=metrics)
+    reconciler = Reconciler(kube, clock=lambda: NOW, metrics=metrics, policy=POLICY)
     for _ in range(2):
         with pytest.raises(ApiException):
             reconciler.reconcile("llm", "smollm2")

@@ -153,7 +153,9 @@ def test_output_the_promoted_baseline_serves_is_refused() -> None:
 def test_output_guard_cases() -> None:
     served = baseline().manifest  # serves /models/smollm2 from PVC models, mounted whole at /models
     assert output_in_use(spec(calibration={"output": "pvc://models/smollm2-fp8kv"}), served) is None  # a sibling
-    assert output_in_use(spec(calibration={"output": "pvc://models/smollm2"}), served)
+    # The served folder itself (the model declares another source: output == model.source is refused earlier).
+    moved = {"source": "pvc://models/base"}
+    assert output_in_use(spec(model=moved, calibration={"output": "pvc://models/smollm2"}), served)
     assert output_in_use(spec(calibration={"output": "pvc://models/smollm2/sub"}), served)
     assert output_in_use(spec(calibration={"output": "pvc://models"}), served)  # contains it
     assert output_in_use(spec(calibration={"output": "pvc://other/smollm2"}), served) is None
