@@ -42,6 +42,19 @@ def parse_duration(value: str) -> float:
     return float(hours * 3600 + minutes * 60 + seconds)
 
 
+def path_segments(location: str) -> list[str]:
+    """`location` split on `/` with '' and '.' dropped, as the CRD's CEL compares paths: pvc://m/llama/,
+    pvc://m//llama and pvc://m/./llama are all pvc://m/llama."""
+    return [segment for segment in location.split("/") if segment not in ("", ".")]
+
+
+def no_parent_segments(location: str, field: str) -> str:
+    """The CRD's `!self.split('/').exists(s, s == '..')`: a `..` segment is refused, a name like `a..b` is not."""
+    if ".." in location.split("/"):
+        raise ValueError(f"{field} must not contain '..' path segments; name the path directly")
+    return location
+
+
 class SpecModel(Model):
     """Typed as strictly as the API server: no "5" for 5, no 5.0 for an integer."""
 
@@ -64,6 +77,11 @@ class ModelRef(SpecModel):
         default=None, max_length=256, description="Revision (commit sha or tag) of the checkpoint"
     )
 
+    @field_validator("source")
+    @classmethod
+    def _no_parent_segments(cls, source: str) -> str:
+        return no_parent_segments(source, "spec.model.source")
+
 
 class Dataset(SpecModel):
     source: str = Field(
@@ -72,6 +90,11 @@ class Dataset(SpecModel):
         description="configmap://NAME/KEY, pvc://CLAIM/PATH or s3://BUCKET/KEY of a JSONL file",
     )
     format: Literal["chat", "text"] = "chat"
+
+    @field_validator("source")
+    @classmethod
+    def _no_parent_segments(cls, source: str) -> str:
+        return no_parent_segments(source, "spec.calibration.dataset.source")
 
 
 class ResourceRequirements(SpecModel):
@@ -114,6 +137,11 @@ class CalibrationSpec(SpecModel):
         if not 0 < fraction <= 0.5:
             raise ValueError("spec.calibration.holdoutFraction must be in (0, 0.5], e.g. 0.1")
         return fraction
+
+    @field_validator("output")
+    @classmethod
+    def _no_parent_segments(cls, output: str) -> str:
+        return no_parent_segments(output, "spec.calibration.output")
 
 
 class BaselineRef(SpecModel):
@@ -267,6 +295,9 @@ class KVCalibrationSpec(SpecModel):
                 "spec.calibration.strategy: 'head' needs spec.serving.canary.attentionBackend: FLASH_ATTN "
                 "(other vLLM backends collapse per-head scales to one per layer)"
             )
-        if self.calibration.output == self.model.source:
-            raise ValueError("spec.calibration.output must differ from spec.model.source")
+        if path_segments(self.calibration.output) == path_segments(self.model.source):
+            raise ValueError(
+                "spec.calibration.output must differ from spec.model.source (compared as path segments): the "
+                "calibrated checkpoint is written beside the BF16 one, never over it"
+            )
         return self
