@@ -41,6 +41,14 @@ def spec_with(**changes: Any) -> KVCalibrationSpec:
     return KVCalibrationSpec.model_validate(data)
 
 
+def stored_with(spec: KVCalibrationSpec, source: str | None = None, output: str | None = None) -> KVCalibrationSpec:
+    """`spec` with model.source / calibration.output set unvalidated: an object stored before the CRD (and the
+    model) refused it, which the policy still refuses."""
+    model = spec.model.model_copy(update={"source": source or spec.model.source})
+    calibration = spec.calibration.model_copy(update={"output": output or spec.calibration.output})
+    return spec.model_copy(update={"model": model, "calibration": calibration})
+
+
 # The reproduction of issue #10: a user who may only edit KVCalibrations names host folders and any image.
 ATTACK = {
     "model.source": "hostpath:///etc",
@@ -107,7 +115,7 @@ def test_allowed_prefix_opens_host_paths_under_it_only() -> None:
 )
 def test_dot_dot_segments_are_refused_whatever_the_policy(uri: str) -> None:
     policy = Policy(host_path_prefixes=("/",))
-    (violation,) = check(spec_with(**{"model.source": uri}), policy)
+    (violation,) = check(stored_with(spec_with(), source=uri), policy)
     assert violation.field == "spec.model.source" and "'..'" in str(violation) and violation.chart_value is None
 
 
@@ -122,7 +130,7 @@ def test_dot_dot_segments_are_refused_whatever_the_policy(uri: str) -> None:
 )
 def test_output_must_be_a_folder_of_its_own(model: str, output: str) -> None:
     policy = Policy(host_path_prefixes=("/m",))
-    violations = check(spec_with(**{"model.source": model, "calibration.output": output}), policy)
+    violations = check(stored_with(spec_with(**{"model.source": model}), output=output), policy)
     assert [v.field for v in violations] == ["spec.calibration.output"]
     assert check(spec_with(**{"model.source": model, "calibration.output": model + "-fp8kv"}), policy) == []
 
