@@ -8,6 +8,7 @@ restarted operator re-sends what the killed one had not (AlreadyExists: it had).
   (the calibrator and verifier are skipped by writing status; the fake kubelet plays the pods).
 """
 
+import copy
 import signal
 import subprocess
 import sys
@@ -22,15 +23,20 @@ import pytest
 import yaml
 
 from kvcal.adapters.kube import KubeClient
+from kvcal.core.policy import Policy
 from kvcal.ports import Manifest
 from kvcal.services.reconciler import Reconciler
-from tests.e2e.test_lifecycle import baseline, dataset_configmap, kvcalibration
+from tests.e2e.test_lifecycle import HOST_PATHS_ALLOWED, baseline, dataset_configmap, kvcalibration
 from tests.support.chart import Release, install_chart, release_name, uninstall_chart
 from tests.support.cluster import Cluster, wait_for
 from tests.support.kubelet import FakeKubelet
 
 pytestmark = pytest.mark.cluster
 TERMINAL = ("RolledBack", "Succeeded")
+
+
+# The specs mount this machine's folders (hostpath://), as in a kind trial: the chart's policy allows them.
+HOST_PATHS_POLICY = Policy(host_path_prefixes=("/",))
 
 
 class Killed(BaseException):
@@ -58,6 +64,18 @@ def history_reasons(obj: Manifest) -> Counter[str]:
     return Counter(h["reason"] for h in obj["status"]["history"])
 
 
+def own_baseline(name: str, model: Path) -> list[Manifest]:
+    """The lifecycle tests' baseline Deployment and Service, renamed to `<name>-llm` with a selector of its own."""
+    deployment, service = copy.deepcopy(baseline(model, replicas=1))
+    labels = {"app": f"{name}-llm"}
+    deployment["metadata"].update(name=f"{name}-llm", labels=labels)
+    deployment["spec"]["selector"]["matchLabels"] = labels
+    deployment["spec"]["template"]["metadata"]["labels"] = labels
+    service["metadata"]["name"] = f"{name}-llm"
+    service["spec"]["selector"] = labels
+    return [deployment, service]
+
+
 def setup_namespace(cluster: Cluster, namespace: str, model: Path) -> None:
     model.mkdir(exist_ok=True)
     for m in [*baseline(model, replicas=1), dataset_configmap()]:
@@ -81,8 +99,8 @@ def test_killed_after_the_status_write_a_restart_sends_the_lost_events_once(
         if gate:
             control_plane.kubectl("annotate", "-n", namespace, f"kvcalibration/{name}", f"{gate}=e2e")
         with pytest.raises(Killed):
-            Reconciler(DiesAfterStatusWrite(api), clock).reconcile(namespace, name)
-        restarted = Reconciler(kube, clock)
+            Reconciler(DiesAfterStatusWrite(api), clock, policy=HOST_PATHS_POLICY).reconcile(namespace, name)
+        restarted = Reconciler(kube, clock, policy=HOST_PATHS_POLICY)
         restarted.reconcile(namespace, name)
         restarted.reconcile(namespace, name)
     obj = kube.get("KVCalibration", namespace, name)
@@ -96,7 +114,7 @@ class OperatorProcess:
 
     def __init__(self, cluster: Cluster, release: Release, namespace: str, log: Path) -> None:
         self.argv = [sys.executable, "-m", "kvcal", "operator", "run", "--kubeconfig", str(release.kubeconfig),
-                     "-n", namespace, "--standalone"]  # fmt: skip
+                     "-n", namespace, "--standalone", "--allow-hostpath-prefix=/"]  # fmt: skip
         self.env = cluster.env(str(release.kubeconfig))
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
@@ -127,7 +145,8 @@ class OperatorProcess:
 def operator(
     control_plane: Cluster, crd_installed: str, namespace: str, tmp_path: Path
 ) -> Iterator[tuple[OperatorProcess, FakeKubelet]]:
-    release = install_chart(control_plane, namespace, release_name(), {"rbac.scope": "namespace"}, tmp_path)
+    values = {"rbac.scope": "namespace", **HOST_PATHS_ALLOWED}  # the specs mount this machine's folders
+    release = install_chart(control_plane, namespace, release_name(), values, tmp_path)
     kubelet = FakeKubelet(KubeClient(control_plane.api_client()), namespace, tmp_path).start()
     kubelet.hold("calibration")
     process = OperatorProcess(control_plane, release, namespace, tmp_path / "operator.log")
@@ -151,7 +170,12 @@ def test_kill_9_across_phases_loses_no_event_and_sends_none_twice(
                 "prometheus": {"address": "http://127.0.0.1:9"}}  # fmt: skip
     names = [f"{path}-{i}" for path in ("rollback", "promote") for i in range(4)]
     for name in names:
-        body = kvcalibration(name, tmp_path / "model", tmp_path / "out", analysis=analysis)
+        # Each object has its own baseline and output: a promoted baseline serves its output, which no other
+        # calibration may overwrite (OutputInUse), and two promotions of one Deployment would contend.
+        for manifest in own_baseline(name, tmp_path / "model"):
+            cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest))
+        serving = {"baseline": {"deployment": f"{name}-llm", "service": f"{name}-llm"}}
+        body = kvcalibration(name, tmp_path / "model", tmp_path / "out" / name, analysis=analysis, serving=serving)
         cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body))
     process.start()
 
@@ -183,7 +207,7 @@ def test_kill_9_across_phases_loses_no_event_and_sends_none_twice(
                     cluster.kubectl("annotate", "--overwrite", "-n", namespace, f"kvcalibration/{n}",
                                     "kvcal.dev/promote=e2e")  # fmt: skip
             process.start()
-        wait_for(lambda before=current: objects() != before, 30, "the next write")  # type: ignore[misc]
+        wait_for(lambda before=current: objects() != before, 30, f"the next write (phases: {phases})")  # type: ignore[misc]
 
     assert process.kills >= 10, process.kills
     final = objects()
