@@ -21,9 +21,17 @@ from kubernetes import client, config
 from kvcal.adapters.kube import KubeClient
 from kvcal.adapters.router import GatewayApiRouter, canary_share
 from kvcal.ports import Metrics, Probes, Router, Target
-from tests.e2e.test_lifecycle import FakeMetrics, OperatorThread, World, baseline, dataset_configmap, kvcalibration
+from tests.e2e.test_lifecycle import (
+    HOST_PATHS_ALLOWED,
+    FakeMetrics,
+    OperatorThread,
+    World,
+    baseline,
+    dataset_configmap,
+    kvcalibration,
+)
 from tests.integration.test_ctl_cluster import HTTPROUTE_CRD
-from tests.support.chart import install_chart, release_name, uninstall_chart
+from tests.support.chart import install_chart, operator_policy, release_name, uninstall_chart
 from tests.support.cluster import Cluster, wait_for
 from tests.support.kubelet import FakeKubelet
 
@@ -56,13 +64,15 @@ def world(
 ) -> Iterator[World]:
     control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(HTTPROUTE_CRD))
     control_plane.kubectl("wait", "--for=condition=Established", "crd/httproutes.gateway.networking.k8s.io")
-    release = install_chart(control_plane, namespace, release_name(), {"rbac.scope": "namespace"}, tmp_path)
+    values = {"rbac.scope": "namespace", **HOST_PATHS_ALLOWED}  # the specs mount this machine's folders
+    release = install_chart(control_plane, namespace, release_name(), values, tmp_path)
     kube = KubeClient(control_plane.api_client())
     kubelet = FakeKubelet(kube, namespace, tmp_path).start()
     sa_api = config.new_client_from_config(config_file=str(release.kubeconfig))  # type: ignore[no-untyped-call]
     backends = GatewayBackends(GatewayApiRouter(sa_api))
     backends.metrics_fake.held.set()
-    operator = OperatorThread(release.kubeconfig, namespace, backends)  # type: ignore[arg-type]
+    policy = operator_policy(control_plane, release)
+    operator = OperatorThread(release.kubeconfig, namespace, backends, policy)  # type: ignore[arg-type]
     operator.start()
     try:
         yield World(control_plane, namespace, kube, kubelet, operator, backends, tmp_path / "out")  # type: ignore[arg-type]
