@@ -39,151 +39,153 @@ from kvcal.models.status import (
     VerificationStatus,
 )
 
-P = Phase
-
 __all__ = ["OBSERVES", "POLL_SECONDS", "decide", "measurement_due", "next_measurement_at"]
 
 # What the reconciler must read for a KVCalibration in each phase (Observations fields; the others stay None). It
 # covers the phases a pass can chain into (Analyzing -> Promoting, Deploying -> RollingBack, ...); gates and spec
 # changes never chain, so a pass never acts on something it did not read.
 OBSERVES: dict[Phase, frozenset[str]] = {
-    P.PENDING: frozenset({"calibration_job", "baseline"}),  # the baseline: never calibrate into what it serves
-    P.CALIBRATING: frozenset({"calibration_job"}),
-    P.VERIFYING: frozenset({"verification_job", "baseline"}),
-    P.DEPLOYING: frozenset({"canary", "baseline", "baseline_service", "routed_weight"}),
-    P.ANALYZING: frozenset({"canary", "baseline", "baseline_service", "routed_weight"}),
-    P.AWAITING_PROMOTION: frozenset({"canary", "baseline", "routed_weight"}),
-    P.PROMOTING: frozenset({"canary", "baseline", "routed_weight"}),
-    P.ROLLING_BACK: frozenset({"canary", "calibration_job", "verification_job", "routed_weight"}),
-    P.SUCCEEDED: frozenset({"baseline"}),  # re-verify when its vLLM image or backend changes (core.serving)
-    P.ROLLED_BACK: frozenset(),
-    P.FAILED: frozenset(),
-    P.INVALID_SPEC: frozenset(),
+    Phase.PENDING: frozenset({"calibration_job", "baseline"}),  # the baseline: never calibrate into what it serves
+    Phase.CALIBRATING: frozenset({"calibration_job"}),
+    Phase.VERIFYING: frozenset({"verification_job", "baseline"}),
+    Phase.DEPLOYING: frozenset({"canary", "baseline", "baseline_service", "routed_weight"}),
+    Phase.ANALYZING: frozenset({"canary", "baseline", "baseline_service", "routed_weight"}),
+    Phase.AWAITING_PROMOTION: frozenset({"canary", "baseline", "routed_weight"}),
+    Phase.PROMOTING: frozenset({"canary", "baseline", "routed_weight"}),
+    Phase.ROLLING_BACK: frozenset({"canary", "calibration_job", "verification_job", "routed_weight"}),
+    Phase.SUCCEEDED: frozenset({"baseline"}),  # re-verify when its vLLM image or backend changes (core.serving)
+    Phase.ROLLED_BACK: frozenset(),
+    Phase.FAILED: frozenset(),
+    Phase.INVALID_SPEC: frozenset(),
 }
 
 
 def measurement_due(spec: AnalysisSpec, status: KVCalibrationStatus, now: datetime) -> bool:
     """Whether the reconciler should query metrics and probes now (only while Analyzing)."""
     due = next_measurement_at(spec, status.analysis)
-    return status.phase == P.ANALYZING and due is not None and now >= due
+    return status.phase == Phase.ANALYZING and due is not None and now >= due
 
 
 def decide(spec: KVCalibrationSpec | None, status: KVCalibrationStatus, obs: Observations, now: datetime) -> Decision:
-    b = Builder(spec, status, obs, now)
+    draft = Builder(spec, status, obs, now)
     if spec is None:
         why = redact(obs.spec_error or "the spec is invalid")
-        if b.phase in TERMINAL_PHASES:  # what ran stays as it is; the spec is the user's to fix
-            b.condition("SpecCurrent", "False", "InvalidSpec", f"{why}; nothing changes until the spec is valid")
-        elif not is_allowed(b.phase, P.INVALID_SPEC):  # Promoting, RollingBack: they finish once it is valid
-            blocked(b, "InvalidSpec", f"{why}: fix the spec to finish {b.phase}", 60.0)
-        elif b.phase != P.INVALID_SPEC:
-            b.move(P.INVALID_SPEC, "InvalidSpec", why)
+        if draft.phase in TERMINAL_PHASES:  # what ran stays as it is; the spec is the user's to fix
+            draft.condition("SpecCurrent", "False", "InvalidSpec", f"{why}; nothing changes until the spec is valid")
+        elif not is_allowed(draft.phase, Phase.INVALID_SPEC):  # Promoting, RollingBack: they finish once it is valid
+            blocked(draft, "InvalidSpec", f"{why}: fix the spec to finish {draft.phase}", 60.0)
+        elif draft.phase != Phase.INVALID_SPEC:
+            draft.move(Phase.INVALID_SPEC, "InvalidSpec", why)
         else:
-            b.update(message=why)
-        return b.finish()
+            draft.update(message=why)
+        return draft.finish()
     violations = check(spec, obs.policy)
-    if violations and (b.phase in (P.PENDING, P.INVALID_SPEC) or b.phase in ACTIVE):
-        _refuse(b, violations)
-        return b.finish()
+    if violations and (draft.phase in (Phase.PENDING, Phase.INVALID_SPEC) or draft.phase in ACTIVE):
+        _refuse(draft, violations)
+        return draft.finish()
     current_hash = effective_spec_hash(spec, status.calibration.spec_hash, obs.policy.calibrator_image)
-    if b.phase == P.INVALID_SPEC:
-        b.move(P.PENDING, "SpecFixed", "the spec is valid again")
-    _on_spec_change(b, spec, current_hash)
-    _on_gates(b, spec)
-    if b.phase != status.phase:
+    if draft.phase == Phase.INVALID_SPEC:
+        draft.move(Phase.PENDING, "SpecFixed", "the spec is valid again")
+    _on_spec_change(draft, spec, current_hash)
+    _on_gates(draft, spec)
+    if draft.phase != status.phase:
         # A spec change, an abort or a retry only moves the phase (and deletes what must go); the new phase's work
         # happens in the next pass, on observations gathered for that phase (deletions have landed by then).
-        return b.finish()
+        return draft.finish()
     image = calibrator_image(spec, obs)
     resolved = with_calibrator_image(spec, image)
-    before = (b.status, list(b.actions), list(b.events), b.requeue)
+    before = (draft.status, list(draft.actions), list(draft.events), draft.requeue)
     try:
         try:
-            if refuse_served_output(b, resolved) or baseline_scaled_to_zero(b, spec):
-                return b.finish()
-            HANDLERS[b.phase](b, resolved, current_hash)
-            if b.phase == P.SUCCEEDED:
-                watch_serving(b, resolved)
+            if refuse_served_output(draft, resolved) or baseline_scaled_to_zero(draft, spec):
+                return draft.finish()
+            HANDLERS[draft.phase](draft, resolved, current_hash)
+            if draft.phase == Phase.SUCCEEDED:
+                watch_serving(draft, resolved)
         except BaselineError as e:
-            fail(b, "BaselineUnusable", str(e))
+            fail(draft, "BaselineUnusable", str(e))
     except (ValueError, LookupError, TypeError) as e:
         # A problem no handler foresaw: shown in the status, never an exception that retries forever unseen.
-        b.status, b.actions, b.events, b.requeue = before
-        blocked(b, "Blocked", redact(f"cannot continue in phase {b.phase}: {type(e).__name__}: {e}"), 60.0)
-    record_calibrator_image(b, image)
-    return b.finish()
+        draft.status, draft.actions, draft.events, draft.requeue = before
+        blocked(draft, "Blocked", redact(f"cannot continue in phase {draft.phase}: {type(e).__name__}: {e}"), 60.0)
+    record_calibrator_image(draft, image)
+    return draft.finish()
 
 
-def _refuse(b: Builder, violations: list[Violation]) -> None:
+def _refuse(draft: Builder, violations: list[Violation]) -> None:
     """A spec the policy refuses creates nothing; one that became refused mid-way (the admin tightened the policy)
     rolls back, which removes what it had created."""
     message = "; ".join(str(v) for v in violations)
     reason = "PolicyDenied" if any(v.chart_value for v in violations) else "InvalidSpec"
-    b.condition("Calibrated", "False", reason, message)
-    if b.phase == P.INVALID_SPEC:
-        b.update(message=message)
-    elif b.phase == P.PENDING:
-        b.move(P.INVALID_SPEC, reason, message)
+    draft.condition("Calibrated", "False", reason, message)
+    if draft.phase == Phase.INVALID_SPEC:
+        draft.update(message=message)
+    elif draft.phase == Phase.PENDING:
+        draft.move(Phase.INVALID_SPEC, reason, message)
     else:
-        b.move(P.ROLLING_BACK, reason, message)
+        draft.move(Phase.ROLLING_BACK, reason, message)
 
 
-def _on_spec_change(b: Builder, spec: KVCalibrationSpec, current_hash: str) -> None:
+def _on_spec_change(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> None:
     """A change of the calibration inputs starts over while the work is active; other spec changes apply to the
     next decision only. A terminal object never restarts by itself (core.finished)."""
-    old = b.status.calibration.spec_hash
-    if b.phase in TERMINAL_PHASES and old is not None:
-        spec_changed_when_done(b, old, current_hash)
+    old = draft.status.calibration.spec_hash
+    if draft.phase in TERMINAL_PHASES and old is not None:
+        spec_changed_when_done(draft, old, current_hash)
         return
-    if old is None or old == current_hash or b.phase in (P.PENDING, P.PROMOTING, P.ROLLING_BACK):
+    if old is None or old == current_hash or draft.phase in (Phase.PENDING, Phase.PROMOTING, Phase.ROLLING_BACK):
         return
-    remove_children(b, include_jobs=True)
-    b.update(
+    remove_children(draft, include_jobs=True)
+    draft.update(
         calibration=CalibrationStatus(),
         verification=VerificationStatus(),
         canary=CanaryStatus(),
         analysis=AnalysisStatus(),
     )
     for t in ("Calibrated", "ScalesVerified", "CanaryReady", "AnalysisPassed", "Promoted"):
-        b.condition(t, "Unknown", "SpecChanged", "the calibration inputs changed")
-    b.move(P.PENDING, "SpecChanged", f"calibration inputs changed ({old[:8]} -> {current_hash[:8]}): recalibrating")
+        draft.condition(t, "Unknown", "SpecChanged", "the calibration inputs changed")
+    draft.move(
+        Phase.PENDING, "SpecChanged", f"calibration inputs changed ({old[:8]} -> {current_hash[:8]}): recalibrating"
+    )
 
 
-def _on_gates(b: Builder, spec: KVCalibrationSpec) -> None:
-    gates = b.obs.gates
+def _on_gates(draft: Builder, spec: KVCalibrationSpec) -> None:
+    gates = draft.obs.gates
     if gates.get(RECALIBRATE_ANNOTATION):
-        b.do(ClearAnnotations((RECALIBRATE_ANNOTATION,)))
-        recalibrate(b)
+        draft.do(ClearAnnotations((RECALIBRATE_ANNOTATION,)))
+        recalibrate(draft)
     if gates.get(ABORT_ANNOTATION):
-        b.do(ClearAnnotations((ABORT_ANNOTATION,)))
-        if b.phase in ACTIVE:
-            b.condition("AnalysisPassed", "False", "Aborted", "aborted by the kvcal.dev/abort annotation")
-            b.move(P.ROLLING_BACK, "Aborted", "aborted by the kvcal.dev/abort annotation: rolling back")
-        elif b.phase != P.ROLLING_BACK:  # RollingBack: the abort's own effect, seen again after a restart
-            b.event("Warning", "AbortIgnored", f"nothing to abort in phase {b.phase}")
+        draft.do(ClearAnnotations((ABORT_ANNOTATION,)))
+        if draft.phase in ACTIVE:
+            draft.condition("AnalysisPassed", "False", "Aborted", "aborted by the kvcal.dev/abort annotation")
+            draft.move(Phase.ROLLING_BACK, "Aborted", "aborted by the kvcal.dev/abort annotation: rolling back")
+        elif draft.phase != Phase.ROLLING_BACK:  # RollingBack: the abort's own effect, seen again after a restart
+            draft.event("Warning", "AbortIgnored", f"nothing to abort in phase {draft.phase}")
     if gates.get(RETRY_ANNOTATION):
-        b.do(ClearAnnotations((RETRY_ANNOTATION,)))
-        _retry(b, spec)
-    if gates.get(PROMOTE_ANNOTATION) and b.phase != P.AWAITING_PROMOTION:
-        b.do(ClearAnnotations((PROMOTE_ANNOTATION,)))
-        if b.phase != P.PROMOTING:  # Promoting: the promotion's own annotation, seen again after a restart
-            b.event("Warning", "PromoteIgnored", f"nothing to promote in phase {b.phase}: wait for AwaitingPromotion")
+        draft.do(ClearAnnotations((RETRY_ANNOTATION,)))
+        _retry(draft, spec)
+    if gates.get(PROMOTE_ANNOTATION) and draft.phase != Phase.AWAITING_PROMOTION:
+        draft.do(ClearAnnotations((PROMOTE_ANNOTATION,)))
+        if draft.phase != Phase.PROMOTING:  # Promoting: the promotion's own annotation, seen again after a restart
+            draft.event(
+                "Warning", "PromoteIgnored", f"nothing to promote in phase {draft.phase}: wait for AwaitingPromotion"
+            )
 
 
-def _retry(b: Builder, spec: KVCalibrationSpec) -> None:
+def _retry(draft: Builder, spec: KVCalibrationSpec) -> None:
     """`kvcal retry`: re-run the analysis when the scales were verified, else the whole pipeline."""
-    if b.phase not in RETRYABLE:
-        b.event("Warning", "RetryIgnored", f"nothing to retry in phase {b.phase}")
+    if draft.phase not in RETRYABLE:
+        draft.event("Warning", "RetryIgnored", f"nothing to retry in phase {draft.phase}")
         return
-    if b.status.verification.mismatches == 0 and b.status.calibration.spec_hash is not None:
-        b.update(canary=CanaryStatus(), analysis=AnalysisStatus(measurements=b.status.analysis.measurements))
-        b.condition("AnalysisPassed", "Unknown", "Retry", "re-running the analysis")
-        b.move(P.DEPLOYING, "Retry", "kvcal.dev/retry: re-deploying the canary and re-running the analysis")
+    if draft.status.verification.mismatches == 0 and draft.status.calibration.spec_hash is not None:
+        draft.update(canary=CanaryStatus(), analysis=AnalysisStatus(measurements=draft.status.analysis.measurements))
+        draft.condition("AnalysisPassed", "Unknown", "Retry", "re-running the analysis")
+        draft.move(Phase.DEPLOYING, "Retry", "kvcal.dev/retry: re-deploying the canary and re-running the analysis")
         return
-    for name in (b.status.calibration.job, b.status.verification.job):
+    for name in (draft.status.calibration.job, draft.status.verification.job):
         if name:
-            b.do(Delete("Job", name))
-    if b.status.calibration.job:
-        b.do(Delete("ConfigMap", b.status.calibration.job))
-    b.update(calibration=CalibrationStatus(), verification=VerificationStatus(), canary=CanaryStatus())
-    b.move(P.PENDING, "Retry", "kvcal.dev/retry: recalibrating")
+            draft.do(Delete("Job", name))
+    if draft.status.calibration.job:
+        draft.do(Delete("ConfigMap", draft.status.calibration.job))
+    draft.update(calibration=CalibrationStatus(), verification=VerificationStatus(), canary=CanaryStatus())
+    draft.move(Phase.PENDING, "Retry", "kvcal.dev/retry: recalibrating")

@@ -14,7 +14,7 @@ def decide_deletion(
 ) -> Decision:
     """requeue_after None: the canary is being deleted and the rest of the children may go; else look again then.
     An unreadable spec names no router: nothing can be asked of it, so the children go at once."""
-    b = Builder(spec, status, obs, now)
-    done = spec is None or remove_canary(b, spec)
-    decision = b.finish()
+    draft = Builder(spec, status, obs, now)
+    done = spec is None or remove_canary(draft, spec)
+    decision = draft.finish()
     return Decision(decision.status, decision.actions, None if done else decision.requeue_after, decision.events)

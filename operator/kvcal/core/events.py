@@ -6,8 +6,7 @@ import hashlib
 from kvcal.core.observations import Event
 from kvcal.models.status import HistoryEntry, Phase
 
-P = Phase
-WARNING_PHASES = frozenset({P.FAILED, P.ROLLING_BACK, P.ROLLED_BACK, P.INVALID_SPEC})
+WARNING_PHASES = frozenset({Phase.FAILED, Phase.ROLLING_BACK, Phase.ROLLED_BACK, Phase.INVALID_SPEC})
 _MAX_PREFIX = 200  # Event names are DNS subdomains (253 characters): object name prefix + "." + 16 hex
 
 

@@ -13,38 +13,38 @@ from kvcal.models.status import (
     VerificationStatus,
 )
 
-P = Phase
 
-
-def spec_changed_when_done(b: Builder, old: str, current_hash: str) -> None:
+def spec_changed_when_done(draft: Builder, old: str, current_hash: str) -> None:
     """Succeeded: the promoted checkpoint keeps serving, a new calibration is the user's call (it may need a new
     output folder: the baseline serves the old one). RolledBack/Failed: nothing runs, nothing starts unasked. The
     SpecCurrent condition says so, and how to calibrate anew."""
-    present = get_condition(b.status.conditions, "SpecCurrent")
+    present = get_condition(draft.status.conditions, "SpecCurrent")
     if old == current_hash:
         if present is not None and present.status != "True":
-            b.condition("SpecCurrent", "True", "SpecMatches", "the spec matches the calibration in the status")
+            draft.condition("SpecCurrent", "True", "SpecMatches", "the spec matches the calibration in the status")
         return
-    name = b.obs.owner.name
-    message = f"the calibration inputs changed ({old[:8]} -> {current_hash[:8]}) after this {b.phase} calibration; "
-    if b.phase == P.SUCCEEDED:
+    name = draft.obs.owner.name
+    message = f"the calibration inputs changed ({old[:8]} -> {current_hash[:8]}) after this {draft.phase} calibration; "
+    if draft.phase == Phase.SUCCEEDED:
         message += "the promoted checkpoint keeps serving. To calibrate anew, set a new spec.calibration.output and "
     else:
         message += "nothing restarts by itself. To calibrate with the new spec, "
     message += f"run `kvcal recalibrate {name}` (annotation kvcal.dev/recalibrate)"
     if present is None or present.message != message:
-        b.event("Warning", "SpecChanged", message)
-    b.condition("SpecCurrent", "False", "SpecChanged", message)
+        draft.event("Warning", "SpecChanged", message)
+    draft.condition("SpecCurrent", "False", "SpecChanged", message)
 
 
-def recalibrate(b: Builder) -> None:
+def recalibrate(draft: Builder) -> None:
     """`kvcal recalibrate`: calibrate anew from the current spec; only a terminal object (an active one restarts on
     a spec change by itself, or is aborted first)."""
-    if b.phase not in TERMINAL_PHASES:
-        b.event("Warning", "RecalibrateIgnored", f"nothing to recalibrate in phase {b.phase}: abort it or let it end")
+    if draft.phase not in TERMINAL_PHASES:
+        draft.event(
+            "Warning", "RecalibrateIgnored", f"nothing to recalibrate in phase {draft.phase}: abort it or let it end"
+        )
         return
-    remove_children(b, include_jobs=True)
-    b.update(
+    remove_children(draft, include_jobs=True)
+    draft.update(
         calibration=CalibrationStatus(),
         verification=VerificationStatus(),
         canary=CanaryStatus(),
@@ -52,8 +52,8 @@ def recalibrate(b: Builder) -> None:
         serving=ServingStatus(),
     )
     for t in ("Calibrated", "ScalesVerified", "CanaryReady", "AnalysisPassed", "Promoted"):
-        b.condition(t, "Unknown", "Recalibrate", "recalibrating")
+        draft.condition(t, "Unknown", "Recalibrate", "recalibrating")
     for optional in ("SpecCurrent", "ServingVerified"):
-        if get_condition(b.status.conditions, optional) is not None:
-            b.condition(optional, "Unknown", "Recalibrate", "recalibrating")
-    b.move(P.PENDING, "Recalibrate", "kvcal.dev/recalibrate: calibrating anew from the current spec")
+        if get_condition(draft.status.conditions, optional) is not None:
+            draft.condition(optional, "Unknown", "Recalibrate", "recalibrating")
+    draft.move(Phase.PENDING, "Recalibrate", "kvcal.dev/recalibrate: calibrating anew from the current spec")

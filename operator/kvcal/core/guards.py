@@ -6,21 +6,19 @@ from kvcal.core.lifecycle import Builder
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import Phase
 
-P = Phase
 
-
-def blocked(b: Builder, reason: str, message: str, seconds: float) -> None:
+def blocked(draft: Builder, reason: str, message: str, seconds: float) -> None:
     """Wait with `message` in the status; a Warning event only when the message is new (not on every pass)."""
-    if b.start.message != message:
-        b.event("Warning", reason, message)
-    b.wait(message, seconds)
+    if draft.start.message != message:
+        draft.event("Warning", reason, message)
+    draft.wait(message, seconds)
 
 
-def refuse_served_output(b: Builder, spec: KVCalibrationSpec) -> bool:
+def refuse_served_output(draft: Builder, spec: KVCalibrationSpec) -> bool:
     """Before a calibration Job is created: refuse an output the baseline serves (the calibrator replaces it)."""
-    if b.phase != P.PENDING or b.obs.calibration_job is not None or b.obs.baseline is None:
+    if draft.phase != Phase.PENDING or draft.obs.calibration_job is not None or draft.obs.baseline is None:
         return False
-    served = output_in_use(spec, b.obs.baseline.manifest)
+    served = output_in_use(spec, draft.obs.baseline.manifest)
     if served is None:
         return False
     deployment = spec.serving.baseline.deployment
@@ -28,21 +26,21 @@ def refuse_served_output(b: Builder, spec: KVCalibrationSpec) -> bool:
         f"spec.calibration.output {spec.calibration.output} is in {served} of the baseline Deployment {deployment}: "
         "calibrating there would overwrite what it serves; choose a new spec.calibration.output"
     )
-    b.condition("Calibrated", "False", "OutputInUse", message)
-    blocked(b, "OutputInUse", message, 60.0)
+    draft.condition("Calibrated", "False", "OutputInUse", message)
+    blocked(draft, "OutputInUse", message, 60.0)
     return True
 
 
-def baseline_scaled_to_zero(b: Builder, spec: KVCalibrationSpec) -> bool:
+def baseline_scaled_to_zero(draft: Builder, spec: KVCalibrationSpec) -> bool:
     """Deploying sizes the canary from the baseline's replicas: at 0 there is nothing to compare against."""
-    baseline = b.obs.baseline
-    if b.phase != P.DEPLOYING or baseline is None or baseline.replicas >= 1:
+    baseline = draft.obs.baseline
+    if draft.phase != Phase.DEPLOYING or baseline is None or baseline.replicas >= 1:
         return False
-    deployment, ns, name = spec.serving.baseline.deployment, b.obs.owner.namespace, b.obs.owner.name
+    deployment, ns, name = spec.serving.baseline.deployment, draft.obs.owner.namespace, draft.obs.owner.name
     message = (
         f"the baseline Deployment {deployment} has 0 replicas: scale it up "
         f"(kubectl scale deploy/{deployment} -n {ns} --replicas=N) or abort (kvcal abort {name} -n {ns})"
     )
-    b.condition("CanaryReady", "False", "BaselineScaledToZero", message)
-    blocked(b, "BaselineScaledToZero", message, 30.0)
+    draft.condition("CanaryReady", "False", "BaselineScaledToZero", message)
+    blocked(draft, "BaselineScaledToZero", message, 30.0)
     return True

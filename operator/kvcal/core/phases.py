@@ -6,31 +6,40 @@ illegal move is a bug that surfaces as an exception in unit tests instead of a s
 
 from kvcal.models.status import Phase
 
-P = Phase
-
 # Phases in which the user can still abort (a rollback is meaningful) and in which a spec change restarts the work.
-ACTIVE = frozenset({P.CALIBRATING, P.VERIFYING, P.DEPLOYING, P.ANALYZING, P.AWAITING_PROMOTION})
+ACTIVE = frozenset({Phase.CALIBRATING, Phase.VERIFYING, Phase.DEPLOYING, Phase.ANALYZING, Phase.AWAITING_PROMOTION})
 # Phases in which `kvcal retry` re-runs the analysis or the pipeline.
-RETRYABLE = frozenset({P.ROLLED_BACK, P.FAILED})
+RETRYABLE = frozenset({Phase.ROLLED_BACK, Phase.FAILED})
 
 ALLOWED: dict[Phase, frozenset[Phase]] = {
-    P.PENDING: frozenset({P.CALIBRATING, P.INVALID_SPEC}),
-    P.CALIBRATING: frozenset({P.VERIFYING, P.FAILED, P.ROLLING_BACK, P.PENDING, P.INVALID_SPEC}),
-    P.VERIFYING: frozenset({P.DEPLOYING, P.FAILED, P.ROLLING_BACK, P.PENDING, P.INVALID_SPEC}),
+    Phase.PENDING: frozenset({Phase.CALIBRATING, Phase.INVALID_SPEC}),
+    Phase.CALIBRATING: frozenset(
+        {Phase.VERIFYING, Phase.FAILED, Phase.ROLLING_BACK, Phase.PENDING, Phase.INVALID_SPEC}
+    ),
+    Phase.VERIFYING: frozenset({Phase.DEPLOYING, Phase.FAILED, Phase.ROLLING_BACK, Phase.PENDING, Phase.INVALID_SPEC}),
     # Deploying -> Analyzing when the canary of the current step is ready.
-    P.DEPLOYING: frozenset({P.ANALYZING, P.FAILED, P.ROLLING_BACK, P.PENDING, P.INVALID_SPEC}),
+    Phase.DEPLOYING: frozenset({Phase.ANALYZING, Phase.FAILED, Phase.ROLLING_BACK, Phase.PENDING, Phase.INVALID_SPEC}),
     # Analyzing -> Deploying when a traffic step passed and the next step needs more canary replicas.
-    P.ANALYZING: frozenset({P.DEPLOYING, P.PROMOTING, P.AWAITING_PROMOTION, P.ROLLING_BACK, P.PENDING, P.INVALID_SPEC}),
-    P.AWAITING_PROMOTION: frozenset({P.PROMOTING, P.ROLLING_BACK, P.PENDING, P.INVALID_SPEC}),
+    Phase.ANALYZING: frozenset(
+        {
+            Phase.DEPLOYING,
+            Phase.PROMOTING,
+            Phase.AWAITING_PROMOTION,
+            Phase.ROLLING_BACK,
+            Phase.PENDING,
+            Phase.INVALID_SPEC,
+        }
+    ),
+    Phase.AWAITING_PROMOTION: frozenset({Phase.PROMOTING, Phase.ROLLING_BACK, Phase.PENDING, Phase.INVALID_SPEC}),
     # Once the baseline starts rolling there is no way back: promotion finishes (or fails), it never rolls back.
-    P.PROMOTING: frozenset({P.SUCCEEDED, P.FAILED}),
-    P.ROLLING_BACK: frozenset({P.ROLLED_BACK}),
+    Phase.PROMOTING: frozenset({Phase.SUCCEEDED, Phase.FAILED}),
+    Phase.ROLLING_BACK: frozenset({Phase.ROLLED_BACK}),
     # Terminal phases never restart by themselves (a spec change only sets SpecCurrent=False): `kvcal recalibrate`
     # starts over; `kvcal retry` re-runs the analysis (RolledBack) or the whole pipeline (Failed).
-    P.SUCCEEDED: frozenset({P.PENDING}),
-    P.ROLLED_BACK: frozenset({P.DEPLOYING, P.PENDING}),
-    P.FAILED: frozenset({P.PENDING, P.DEPLOYING}),
-    P.INVALID_SPEC: frozenset({P.PENDING}),
+    Phase.SUCCEEDED: frozenset({Phase.PENDING}),
+    Phase.ROLLED_BACK: frozenset({Phase.DEPLOYING, Phase.PENDING}),
+    Phase.FAILED: frozenset({Phase.PENDING, Phase.DEPLOYING}),
+    Phase.INVALID_SPEC: frozenset({Phase.PENDING}),
 }
 
 

@@ -17,11 +17,11 @@ def with_calibrator_image(spec: KVCalibrationSpec, image: str) -> KVCalibrationS
     return spec.model_copy(update={"calibration": spec.calibration.model_copy(update={"job": job})})
 
 
-def record_calibrator_image(b: Builder, image: str) -> None:
+def record_calibrator_image(draft: Builder, image: str) -> None:
     """Provenance: the image that computed the scales, recorded by the pass that creates the calibration Job."""
-    calibration = b.status.calibration
+    calibration = draft.status.calibration
     if calibration.job is None or calibration.calibrator_image:
         return
-    carried = b.start.calibration.calibrator_image if b.start.calibration.job == calibration.job else None
-    if carried or b.start.phase == Phase.PENDING:
-        b.update(calibration=calibration.model_copy(update={"calibrator_image": carried or image}))
+    carried = draft.start.calibration.calibrator_image if draft.start.calibration.job == calibration.job else None
+    if carried or draft.start.phase == Phase.PENDING:
+        draft.update(calibration=calibration.model_copy(update={"calibrator_image": carried or image}))

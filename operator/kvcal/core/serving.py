@@ -41,70 +41,76 @@ def _describe(image: str, backend: str | None) -> str:
     return f"{image}" + (f" (attention backend {backend})" if backend else "")
 
 
-def watch_serving(b: Builder, spec: KVCalibrationSpec) -> None:
+def watch_serving(draft: Builder, spec: KVCalibrationSpec) -> None:
     """In Succeeded: record what the promoted baseline runs; re-verify when its image or attention backend changes."""
-    baseline, recorded_hash = b.obs.baseline, b.status.calibration.spec_hash
-    if baseline is None or recorded_hash is None or not is_promoted(baseline.manifest, b.obs.owner, recorded_hash):
+    baseline, recorded_hash = draft.obs.baseline, draft.status.calibration.spec_hash
+    if baseline is None or recorded_hash is None or not is_promoted(baseline.manifest, draft.obs.owner, recorded_hash):
         return  # deleted, or no longer serving this calibration: nothing of ours runs there
     try:
         image, backend = serving_runtime(baseline.manifest, spec.serving.baseline.container)
     except BaselineError:
         return
-    serving = b.status.serving
+    serving = draft.status.serving
     if serving.image is None:  # the promoting pass: the canary's verification ran in this image
-        verified = b.status.verification
-        b.update(serving=ServingStatus(image=image, attention_backend=backend, verification=verified))
+        verified = draft.status.verification
+        draft.update(serving=ServingStatus(image=image, attention_backend=backend, verification=verified))
         message = f"{_describe(image, backend)}: the verification before the canary loaded the calibrated scales"
         message += f" of {verified.layers} layers, {verified.mismatches or 0} mismatches"
-        b.condition("ServingVerified", "True", "ScalesLoaded", message)
-        b.requeue = WATCH_SECONDS
+        draft.condition("ServingVerified", "True", "ScalesLoaded", message)
+        draft.requeue = WATCH_SECONDS
         return
     if (image, backend) == (serving.image, serving.attention_backend):
-        b.requeue = WATCH_SECONDS
+        draft.requeue = WATCH_SECONDS
         return
-    name = serving_verification_job_name(b.obs.owner.name, recorded_hash, image, backend)
-    job = b.obs.serving_verification_job
+    name = serving_verification_job_name(draft.obs.owner.name, recorded_hash, image, backend)
+    job = draft.obs.serving_verification_job
     change = f"the baseline now runs {_describe(image, backend)} (verified: {_describe(serving.image, None)}"
     change += f", {serving.attention_backend or 'default backend'})"
     if job is None or job.name != name:
-        b.do(Create(_job(b, spec, recorded_hash, baseline.manifest, image, backend, name)))
-        b.update(serving=serving.model_copy(update={"verification": VerificationStatus(job=name)}))
-        b.condition("ServingVerified", "Unknown", "Reverifying", f"{change}: verification Job {name} is running")
-        b.event("Normal", "Reverifying", f"{change}: re-verifying the calibrated scales (Job {name})")
-        b.requeue = RUNNING_POLL_SECONDS
+        draft.do(Create(_job(draft, spec, recorded_hash, baseline.manifest, image, backend, name)))
+        draft.update(serving=serving.model_copy(update={"verification": VerificationStatus(job=name)}))
+        draft.condition("ServingVerified", "Unknown", "Reverifying", f"{change}: verification Job {name} is running")
+        draft.event("Normal", "Reverifying", f"{change}: re-verifying the calibrated scales (Job {name})")
+        draft.requeue = RUNNING_POLL_SECONDS
         return
     if job.state == "Running":
-        b.requeue = RUNNING_POLL_SECONDS
+        draft.requeue = RUNNING_POLL_SECONDS
         return
     verification, ok = verification_result(job)
-    b.update(serving=ServingStatus(image=image, attention_backend=backend, verification=verification))
-    b.requeue = WATCH_SECONDS
+    draft.update(serving=ServingStatus(image=image, attention_backend=backend, verification=verification))
+    draft.requeue = WATCH_SECONDS
     if ok:
         message = f"{_describe(image, backend)}: vLLM loaded the calibrated scales of {verification.layers} layers"
-        b.condition("ServingVerified", "True", "ScalesLoaded", f"{message}, 0 mismatches")
-        b.event("Normal", "ServingVerified", f"{message}, 0 mismatches")
+        draft.condition("ServingVerified", "True", "ScalesLoaded", f"{message}, 0 mismatches")
+        draft.event("Normal", "ServingVerified", f"{message}, 0 mismatches")
         return
     why = verification.message or "no message"
     mismatches = f"{verification.mismatches} mismatches" if verification.mismatches is not None else "no read-back"
     message = (
         f"{_describe(image, backend)} does not serve the calibrated scales as verified ({mismatches}): {why}; "
-        f"roll the baseline back to {serving.image} or recalibrate (kvcal recalibrate {b.obs.owner.name})"
+        f"roll the baseline back to {serving.image} or recalibrate (kvcal recalibrate {draft.obs.owner.name})"
     )
-    b.condition(
+    draft.condition(
         "ServingVerified", "False", "ScalesMismatch" if verification.mismatches else "VerificationFailed", message
     )
-    b.event("Warning", "ServingVerificationFailed", message)
+    draft.event("Warning", "ServingVerificationFailed", message)
 
 
 def _job(
-    b: Builder, spec: KVCalibrationSpec, spec_hash: str, baseline: Manifest, image: str, backend: str | None, name: str
+    draft: Builder,
+    spec: KVCalibrationSpec,
+    spec_hash: str,
+    baseline: Manifest,
+    image: str,
+    backend: str | None,
+    name: str,
 ) -> Manifest:
     """The verification Job of the promoted checkpoint (status.calibration.artifact) in the baseline's runtime."""
-    output = b.status.calibration.artifact or spec.calibration.output
+    output = draft.status.calibration.artifact or spec.calibration.output
     canary = spec.serving.canary.model_copy(update={"attention_backend": backend})
     serving = spec.serving.model_copy(update={"canary": canary})
     calibration = spec.calibration.model_copy(update={"output": output})
     promoted = spec.model_copy(update={"serving": serving, "calibration": calibration})
     pod = baseline["spec"]["template"]["spec"]
     container = pod["containers"][baseline_container_index(baseline, spec.serving.baseline.container)]
-    return build_verification_job(b.obs.owner, promoted, spec_hash, {**container, "image": image}, pod, name=name)
+    return build_verification_job(draft.obs.owner, promoted, spec_hash, {**container, "image": image}, pod, name=name)
