@@ -275,7 +275,7 @@ class Reconciler:
         base = Observations(owner, generation, gates=gates, spec_error=spec_error, policy=self.policy)
         if spec is None:
             return base
-        h = effective_spec_hash(spec, status.calibration.spec_hash, self.policy.calibrator_image)
+        current_hash = effective_spec_hash(spec, status.calibration.spec_hash, self.policy.calibrator_image)
         ns, needs = owner.namespace, OBSERVES[status.phase]
         read_messages = status.phase not in TERMINAL_PHASES
 
@@ -299,8 +299,8 @@ class Reconciler:
             owner=owner,
             generation=base.generation,
             gates=gates,
-            calibration_job=job("calibration_job", calibration_job_name(owner.name, h)),
-            verification_job=job("verification_job", verification_job_name(owner.name, h)),
+            calibration_job=job("calibration_job", calibration_job_name(owner.name, current_hash)),
+            verification_job=job("verification_job", verification_job_name(owner.name, current_hash)),
             canary=deployment("canary", canary_name(owner.name)),
             baseline=deployment("baseline", baseline.deployment),
             baseline_service=self.kube.get("Service", ns, baseline.service) if "baseline_service" in needs else None,
