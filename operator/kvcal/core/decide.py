@@ -10,7 +10,7 @@ from datetime import datetime
 
 from kvcal.core.finished import recalibrate, spec_changed_when_done
 from kvcal.core.guards import baseline_scaled_to_zero, blocked, refuse_served_output
-from kvcal.core.lifecycle import HANDLERS, POLL_SECONDS, Builder, fail, next_measurement_at, remove_children
+from kvcal.core.lifecycle import HANDLERS, POLL_SECONDS, Builder, fail, next_measurement_at, start_over
 from kvcal.core.manifests import BaselineError
 from kvcal.core.observations import (
     ABORT_ANNOTATION,
@@ -135,15 +135,7 @@ def _on_spec_change(draft: Builder, spec: KVCalibrationSpec, current_hash: str) 
         return
     if old is None or old == current_hash or draft.phase in (Phase.PENDING, Phase.PROMOTING, Phase.ROLLING_BACK):
         return
-    remove_children(draft, include_jobs=True)
-    draft.update(
-        calibration=CalibrationStatus(),
-        verification=VerificationStatus(),
-        canary=CanaryStatus(),
-        analysis=AnalysisStatus(),
-    )
-    for t in ("Calibrated", "ScalesVerified", "CanaryReady", "AnalysisPassed", "Promoted"):
-        draft.condition(t, "Unknown", "SpecChanged", "the calibration inputs changed")
+    start_over(draft, "SpecChanged", "the calibration inputs changed")
     draft.move(
         Phase.PENDING, "SpecChanged", f"calibration inputs changed ({old[:8]} -> {current_hash[:8]}): recalibrating"
     )

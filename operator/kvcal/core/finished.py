@@ -2,15 +2,10 @@
 SpecCurrent condition, and `kvcal recalibrate` (annotation kvcal.dev/recalibrate) starts over on demand."""
 
 from kvcal.core.conditions import get_condition
-from kvcal.core.lifecycle import Builder, remove_children
+from kvcal.core.lifecycle import Builder, start_over
 from kvcal.models.status import (
     TERMINAL_PHASES,
-    AnalysisStatus,
-    CalibrationStatus,
-    CanaryStatus,
     Phase,
-    ServingStatus,
-    VerificationStatus,
 )
 
 
@@ -43,17 +38,5 @@ def recalibrate(draft: Builder) -> None:
             "Warning", "RecalibrateIgnored", f"nothing to recalibrate in phase {draft.phase}: abort it or let it end"
         )
         return
-    remove_children(draft, include_jobs=True)
-    draft.update(
-        calibration=CalibrationStatus(),
-        verification=VerificationStatus(),
-        canary=CanaryStatus(),
-        analysis=AnalysisStatus(),
-        serving=ServingStatus(),
-    )
-    for t in ("Calibrated", "ScalesVerified", "CanaryReady", "AnalysisPassed", "Promoted"):
-        draft.condition(t, "Unknown", "Recalibrate", "recalibrating")
-    for optional in ("SpecCurrent", "ServingVerified"):
-        if get_condition(draft.status.conditions, optional) is not None:
-            draft.condition(optional, "Unknown", "Recalibrate", "recalibrating")
+    start_over(draft, "Recalibrate", "recalibrating")
     draft.move(Phase.PENDING, "Recalibrate", "kvcal.dev/recalibrate: calibrating anew from the current spec")

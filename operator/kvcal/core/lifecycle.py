@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from kvcal.core.analysis import assess_run
-from kvcal.core.conditions import CONDITION_TYPES, set_condition
+from kvcal.core.conditions import CONDITION_TYPES, get_condition, set_condition
 from kvcal.core.drain import drain_step
 from kvcal.core.events import history_event
 from kvcal.core.manifests import (
@@ -52,6 +52,7 @@ from kvcal.models.status import (
     HistoryEntry,
     KVCalibrationStatus,
     Phase,
+    ServingStatus,
     VerificationStatus,
 )
 
@@ -143,6 +144,24 @@ class Builder:
         if self.phase != self.start.phase:
             requeue = 0.0  # act on the new phase at once
         return Decision(self.status, tuple(self.actions), requeue, tuple(self.events))
+
+
+def start_over(draft: Builder, reason: str, message: str) -> None:
+    """Forget every step's result and remove every child, before moving back to Pending (a spec change of the
+    calibration inputs, or `kvcal recalibrate`)."""
+    remove_children(draft, include_jobs=True)
+    draft.update(
+        calibration=CalibrationStatus(),
+        verification=VerificationStatus(),
+        canary=CanaryStatus(),
+        analysis=AnalysisStatus(),
+        serving=ServingStatus(),
+    )
+    for step in ("Calibrated", "ScalesVerified", "CanaryReady", "AnalysisPassed", "Promoted"):
+        draft.condition(step, "Unknown", reason, message)
+    for optional in ("SpecCurrent", "ServingVerified"):
+        if get_condition(draft.status.conditions, optional) is not None:
+            draft.condition(optional, "Unknown", reason, message)
 
 
 def remove_children(draft: Builder, *, include_jobs: bool) -> None:
