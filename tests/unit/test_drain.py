@@ -199,3 +199,19 @@ def test_reconciler_cleanup_keeps_the_drain_in_status_until_it_may_delete() -> N
     clock[0] = NOW + timedelta(seconds=30)
     done = Reconciler(kube, clock=lambda: clock[0], backends=RouteOnly(route)).cleanup("llm", "smollm2")
     assert done.retry_after is None and ("Service", CANARY) not in kube.objects
+
+
+def test_a_spec_change_drains_the_canary_before_starting_over() -> None:
+    changed = GATEWAY.model_copy(
+        update={"calibration": GATEWAY.calibration.model_copy(update={"samples": GATEWAY.calibration.samples + 1})}
+    )
+    status = start(P.ANALYZING, weight=50)
+    asked = decide(changed, status, observations(canary=canary(), routed_weight=50), NOW)
+    assert actions(asked) == ["SetWeight 0"] and asked.status.phase == P.ANALYZING
+    assert "calibration inputs changed" in (asked.status.message or "")
+    read_back = decide(changed, asked.status, observations(canary=canary(), routed_weight=0), NOW)
+    assert actions(read_back) == ["SetWeight 0"] and read_back.status.canary.draining_since is not None
+    drained = decide(
+        changed, read_back.status, observations(canary=canary(), routed_weight=0), NOW + timedelta(seconds=31)
+    )
+    assert actions(drained)[:3] == ["SetWeight 0", *DELETES] and drained.status.phase == P.PENDING

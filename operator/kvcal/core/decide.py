@@ -10,7 +10,7 @@ from datetime import datetime
 
 from kvcal.core.finished import recalibrate, spec_changed_when_done
 from kvcal.core.guards import baseline_scaled_to_zero, blocked, refuse_served_output
-from kvcal.core.lifecycle import HANDLERS, POLL_SECONDS, Builder, fail, next_measurement_at, start_over
+from kvcal.core.lifecycle import HANDLERS, POLL_SECONDS, Builder, fail, next_measurement_at, remove_canary, start_over
 from kvcal.core.manifests import BaselineError
 from kvcal.core.observations import (
     ABORT_ANNOTATION,
@@ -60,6 +60,10 @@ OBSERVES: dict[Phase, frozenset[str]] = {
 }
 
 
+# Phases in which a canary may take traffic: a spec change drains it before starting over.
+_SERVING_CANARY = frozenset({Phase.DEPLOYING, Phase.ANALYZING, Phase.AWAITING_PROMOTION})
+
+
 def measurement_due(spec: AnalysisSpec, status: KVCalibrationStatus, now: datetime) -> bool:
     """Whether the reconciler should query metrics and probes now (only while Analyzing)."""
     due = next_measurement_at(spec, status.analysis)
@@ -86,7 +90,8 @@ def decide(spec: KVCalibrationSpec | None, status: KVCalibrationStatus, obs: Obs
     current_hash = effective_spec_hash(spec, status.calibration.spec_hash, obs.policy.calibrator_image)
     if draft.phase == Phase.INVALID_SPEC:
         draft.move(Phase.PENDING, "SpecFixed", "the spec is valid again")
-    _on_spec_change(draft, spec, current_hash)
+    if _on_spec_change(draft, spec, current_hash):
+        return draft.finish()  # draining the canary before starting over
     _on_gates(draft, spec)
     if draft.phase != status.phase:
         # A spec change, an abort or a retry only moves the phase (and deletes what must go); the new phase's work
@@ -126,19 +131,24 @@ def _refuse(draft: Builder, violations: list[Violation]) -> None:
         draft.move(Phase.ROLLING_BACK, reason, message)
 
 
-def _on_spec_change(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> None:
+def _on_spec_change(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> bool:
     """A change of the calibration inputs starts over while the work is active; other spec changes apply to the
-    next decision only. A terminal object never restarts by itself (core.finished)."""
+    next decision only. A terminal object never restarts by itself (core.finished). True while a canary that takes
+    traffic is being drained first (0% read back, drainDelay), as a rollback does: nothing else happens meanwhile."""
     old = draft.status.calibration.spec_hash
     if draft.phase in TERMINAL_PHASES and old is not None:
         spec_changed_when_done(draft, old, current_hash)
-        return
+        return False
     if old is None or old == current_hash or draft.phase in (Phase.PENDING, Phase.PROMOTING, Phase.ROLLING_BACK):
-        return
+        return False
+    if draft.phase in _SERVING_CANARY and not remove_canary(draft, spec):
+        draft.update(message=f"the calibration inputs changed; {draft.status.message}")
+        return True
     start_over(draft, "SpecChanged", "the calibration inputs changed")
     draft.move(
         Phase.PENDING, "SpecChanged", f"calibration inputs changed ({old[:8]} -> {current_hash[:8]}): recalibrating"
     )
+    return False
 
 
 def _on_gates(draft: Builder, spec: KVCalibrationSpec) -> None:

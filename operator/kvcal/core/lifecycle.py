@@ -135,7 +135,9 @@ class Builder:
         self.requeue = seconds
 
     def do(self, *actions: Action) -> None:
-        self.actions.extend(actions)
+        # An action already queued in this pass is not queued again (e.g. a drained canary's deletes, then starting
+        # over, which removes every child): doing it twice would change nothing.
+        self.actions.extend(action for action in actions if action not in self.actions)
 
     def finish(self) -> Decision:
         ready = self.phase == Phase.SUCCEEDED
