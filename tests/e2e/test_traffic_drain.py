@@ -174,6 +174,19 @@ def test_delete_mid_analysis_routes_to_the_baseline_before_deleting_the_canary(w
     assert w.kube.get("Deployment", w.namespace, "llm") is not None
 
 
+def test_spec_change_mid_analysis_drains_the_canary_before_starting_over(world: World, tmp_path: Path) -> None:
+    w, name = world, "gw-respec"
+    analyzing(w, name, tmp_path)
+    serving = {"baseline": {"deployment": "llm", "service": "llm"}, "traffic": TRAFFIC}
+    with Recorder(w, name) as recorder:
+        w.apply(kvcalibration(name, tmp_path / "model", w.out, serving=serving, calibration={"samples": 9}))
+        wait_for(lambda: recorder.service_gone_at is not None, 60, "the recorder to see the canary Service gone")
+    recorder.assert_routed_away_then_drained()
+    assert route_rules(w) == [{"backendRefs": [{"name": "llm", "port": 80}]}]  # the route as it was
+    obj = w.wait_phase(name, "Calibrating", 60)  # then it starts over, with the new inputs
+    assert [h["reason"] for h in obj["status"]["history"]][-2:] == ["SpecChanged", "CalibrationStarted"]
+
+
 def test_rollback_routes_to_the_baseline_before_deleting_the_canary(world: World, tmp_path: Path) -> None:
     w, name = world, "gw-abort"
     analyzing(w, name, tmp_path)
