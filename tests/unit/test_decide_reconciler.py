@@ -112,7 +112,8 @@ def test_unchanged_status_is_not_written() -> None:
     kube.calls.clear()
     assert r.reconcile("llm", "smollm2") == 60.0
     assert "replace_status" not in kube.calls and not any(c.startswith("event") for c in kube.calls)
-    assert kube.calls == ["get KVCalibration/smollm2", f"get Job/{JOB}"]  # Calibrating reads only its Job
+    # Calibrating reads its Job, and the baseline (a vanished Job is never re-created into the served output)
+    assert kube.calls == ["get KVCalibration/smollm2", f"get Job/{JOB}", "get Deployment/llm"]
 
 
 def test_conflict_rereads_and_retries() -> None:

@@ -150,6 +150,13 @@ def test_output_the_promoted_baseline_serves_is_refused() -> None:
     assert [e.reason for e in d.events] == ["OutputInUse"]
 
 
+def test_a_vanished_calibration_job_is_not_recreated_into_the_served_output() -> None:
+    start = KVCalibrationStatus(phase=P.CALIBRATING, calibration=CalibrationStatus(job="j", spec_hash=H))
+    d = decide(spec(), start, observations(baseline=promoted(spec()), calibration_job=None), NOW)
+    assert d.status.phase == P.CALIBRATING and not d.actions
+    assert condition(d.status, "Calibrated")[:2] == ("False", "OutputInUse")
+
+
 def test_output_guard_cases() -> None:
     served = baseline().manifest  # serves /models/smollm2 from PVC models, mounted whole at /models
     assert output_in_use(spec(calibration={"output": "pvc://models/smollm2-fp8kv"}), served) is None  # a sibling

@@ -46,7 +46,7 @@ __all__ = ["OBSERVES", "POLL_SECONDS", "decide", "measurement_due", "next_measur
 # changes never chain, so a pass never acts on something it did not read.
 OBSERVES: dict[Phase, frozenset[str]] = {
     Phase.PENDING: frozenset({"calibration_job", "baseline"}),  # the baseline: never calibrate into what it serves
-    Phase.CALIBRATING: frozenset({"calibration_job"}),
+    Phase.CALIBRATING: frozenset({"calibration_job", "baseline"}),  # a vanished Job is re-created: same guard
     Phase.VERIFYING: frozenset({"verification_job", "baseline"}),
     Phase.DEPLOYING: frozenset({"canary", "baseline", "baseline_service", "routed_weight"}),
     Phase.ANALYZING: frozenset({"canary", "baseline", "baseline_service", "routed_weight"}),

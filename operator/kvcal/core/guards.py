@@ -15,8 +15,10 @@ def blocked(draft: Builder, reason: str, message: str, seconds: float) -> None:
 
 
 def refuse_served_output(draft: Builder, spec: KVCalibrationSpec) -> bool:
-    """Before a calibration Job is created: refuse an output the baseline serves (the calibrator replaces it)."""
-    if draft.phase != Phase.PENDING or draft.obs.calibration_job is not None or draft.obs.baseline is None:
+    """Before a calibration Job is created (Pending, or Calibrating re-creating a Job that vanished): refuse an
+    output the baseline serves (the calibrator replaces it)."""
+    creates_job = draft.phase in (Phase.PENDING, Phase.CALIBRATING) and draft.obs.calibration_job is None
+    if not creates_job or draft.obs.baseline is None:
         return False
     served = output_in_use(spec, draft.obs.baseline.manifest)
     if served is None:
