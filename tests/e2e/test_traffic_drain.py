@@ -10,7 +10,7 @@ in test_lifecycle): the operator only ever acts on what it reads.
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +20,10 @@ from kubernetes import client, config
 
 from kvcal.adapters.kube import KubeClient
 from kvcal.adapters.router import GatewayApiRouter, canary_share
-from kvcal.ports import Metrics, Probes, Router, Target
+from kvcal.ports import Router, Target
 from tests.e2e.test_lifecycle import (
     HOST_PATHS_ALLOWED,
-    FakeMetrics,
+    FakeBackends,
     OperatorThread,
     World,
     baseline,
@@ -42,17 +42,11 @@ TRAFFIC = {"router": "gateway-api", "httpRoute": "llm", "steps": [30], "drainDel
 
 
 @dataclass
-class GatewayBackends:
-    """Fake metrics (held: the analysis keeps running), the real HTTPRoute router under the chart's ServiceAccount."""
+class GatewayBackends(FakeBackends):
+    """FakeBackends (held metrics: the analysis keeps running) with the real HTTPRoute router under the chart's
+    ServiceAccount."""
 
-    router_fake: GatewayApiRouter
-    metrics_fake: FakeMetrics = field(default_factory=FakeMetrics)
-
-    def metrics(self, target: Target) -> Metrics | None:
-        return self.metrics_fake
-
-    def probes(self, target: Target) -> Probes | None:
-        return None
+    router_fake: GatewayApiRouter | None = None
 
     def router(self, target: Target) -> Router | None:
         return self.router_fake
@@ -69,7 +63,7 @@ def world(
     kube = KubeClient(control_plane.api_client())
     kubelet = FakeKubelet(kube, namespace, tmp_path).start()
     sa_api = config.new_client_from_config(config_file=str(release.kubeconfig))  # type: ignore[no-untyped-call]
-    backends = GatewayBackends(GatewayApiRouter(sa_api))
+    backends = GatewayBackends(router_fake=GatewayApiRouter(sa_api))
     backends.metrics_fake.held.set()
     policy = operator_policy(control_plane, release)
     operator = OperatorThread(release.kubeconfig, namespace, backends, policy)  # type: ignore[arg-type]
