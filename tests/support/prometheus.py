@@ -152,12 +152,13 @@ class PrometheusServer:
 
         wait_until(up, timeout, f"targets up: {', '.join(targets)}")
 
-    def wait_samples(self, selector: str, count: int, timeout: float = 60) -> None:
-        """Wait until every series of ``up{selector}`` has at least ``count`` scrapes in the last 10 minutes."""
+    def wait_samples(self, selector: str, count: int, timeout: float = 60, series: int = 1) -> None:
+        """Wait until at least ``series`` series of ``up{selector}`` exist and every one has at least ``count`` scrapes
+        in the last 10 minutes."""
 
         def enough() -> bool:
             res = self.query(f"count_over_time(up{{{selector}}}[10m])")
-            return bool(res) and all(float(r["value"][1]) >= count for r in res)
+            return len(res) >= series and all(float(r["value"][1]) >= count for r in res)
 
         wait_until(enough, timeout, f"{count} scrapes of up{{{selector}}}")
 
