@@ -65,8 +65,11 @@ class KVCacheReadings:
 
 
 def _number(value: str | None) -> float | None:
+    """A label's number; None for vLLM's 'None', empty or absent."""
+    if value is None or value in ("", "None"):
+        return None
     try:
-        return float(value) if value not in (None, "", "None") else None
+        return float(value)
     except ValueError:
         return None
 

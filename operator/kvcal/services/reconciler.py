@@ -201,6 +201,7 @@ class Reconciler:
         if obj is None or obj["metadata"].get("deletionTimestamp"):
             if self.metrics:
                 self.metrics.set_phase(namespace, name, None)
+                self.metrics.set_capacity(namespace, name, None)
             return None
         now = self.clock()
         spec, spec_error = parse_spec(obj)
@@ -256,6 +257,7 @@ class Reconciler:
             self.kube.remove_annotations(owner.namespace, owner.name, sorted(set(keys)))
         if self.metrics:
             self.metrics.set_phase(owner.namespace, owner.name, decision.status.phase)
+            self.metrics.set_capacity(owner.namespace, owner.name, decision.status.capacity)
             if decision.status.phase != before.phase and before.phase_started_at:
                 started = parse_rfc3339(before.phase_started_at)
                 self.metrics.phase_left(before.phase, (now - started).total_seconds())
