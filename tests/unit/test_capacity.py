@@ -167,3 +167,10 @@ def test_decide_keeps_an_fp8_canary_and_records_its_capacity() -> None:
         ("ttft-p95", "Successful"), ("kvCapacity", "Successful"),
     ]  # fmt: skip
     assert status.capacity.token_ratio == 2.0
+
+
+def test_no_interval_no_status_change() -> None:
+    """Held metrics (nothing new this pass) but a KV reading: the status stays as it was (no write, no loop)."""
+    start = ANALYZING.model_copy(update={"analysis": AnalysisStatus(started_at=AT)})
+    obs = replace(observations(canary=canary()), kv_cache=readings((BF16,), (FP8,)))
+    assert decide(spec(), start, obs, NOW).status.capacity == start.capacity

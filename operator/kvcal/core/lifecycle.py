@@ -355,7 +355,8 @@ def _analyzing(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> No
     draft.update(canary=draft.status.canary.model_copy(update={"ready_replicas": canary.ready_replicas}))
     at, readings = rfc3339(draft.now), draft.obs.kv_cache
     measured = with_capacity(spec.analysis.capacity, readings, list(draft.obs.measurements), at)
-    capacity = capacity_status(readings, at) if readings else None
+    # Recorded with an assessed interval only: a pass with nothing new writes no status (no self-triggered loop).
+    capacity = capacity_status(readings, at) if readings and measured else None
     if capacity is not None:
         draft.update(capacity=capacity)
     verdict = assess_run(spec.analysis, draft.status.analysis, measured, draft.now)
