@@ -58,6 +58,7 @@ def scrape(prometheus: PrometheusServer, namespace: str, baseline: VllmServer, c
     return AnalysisSpec(prometheus=PrometheusRef(address=prometheus.url), latency=[], min_requests=0, failure_limit=0)
 
 
+@pytest.mark.timeout(2400)  # two vLLM starts on shared cores (the module fixture) count toward the first test
 def test_a_canary_whose_fp8_did_not_apply_fails_the_analysis(
     servers: dict[str, VllmServer], prometheus: PrometheusServer
 ) -> None:
