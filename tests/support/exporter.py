@@ -32,6 +32,9 @@ class Profile:
     sigma: float = 0.25  # lognormal shape of both latencies
     output_tokens: int = 16
     error_rate: float = 0.0
+    running: float = 0.0  # vllm:num_requests_running while the profile holds
+    waiting: float = 0.0  # vllm:num_requests_waiting
+    preemptions_per_request: float = 0.0
 
 
 class VllmExporter:
@@ -49,6 +52,8 @@ class VllmExporter:
         self.success = Counter("vllm:request_success", "done", (*_LABELS, "finished_reason"), registry=r)
         self.preemptions = Counter("vllm:num_preemptions", "preemptions", _LABELS, registry=r)
         self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage", _LABELS, registry=r)
+        self.running = Gauge("vllm:num_requests_running", "running", _LABELS, registry=r)
+        self.waiting = Gauge("vllm:num_requests_waiting", "waiting", _LABELS, registry=r)
         self.http = Counter("http_requests", "HTTP", ("handler", "method", "status"), registry=r)
         for reason in FINISHED_REASONS:  # vLLM pre-creates every finished_reason series at 0
             self.success.labels(**self._labels, finished_reason=reason)
@@ -79,7 +84,10 @@ class VllmExporter:
             ttft = self._rng.lognormvariate(0, p.sigma) * p.ttft_median
             itl = self._rng.lognormvariate(0, p.sigma) * p.itl_median
             self.record(ttft, itl, p.output_tokens, failed=self._rng.random() < p.error_rate)
+            self.preemptions.labels(**self._labels).inc(p.preemptions_per_request)
         self.kv_usage.labels(**self._labels).set(min(1.0, p.rate / 200))
+        self.running.labels(**self._labels).set(p.running)
+        self.waiting.labels(**self._labels).set(p.waiting)
         return carry
 
     def _traffic(self) -> None:

@@ -149,3 +149,15 @@ def test_summarize_scores_against_the_baseline() -> None:
     assert row["latency"]["requests"] == 1 and row["latency"]["itlP50"] == 0.03
     assert row["replies"]["qa"] == "Lyon."
     assert run._max_tokens(probes[1]) == 32 and run._max_tokens(probes[0]) == probes[0].max_tokens
+
+
+def test_explicit_kv_bytes_replace_the_gib_env(tmp_path: Path) -> None:
+    # vLLM's CPU platform lets VLLM_CPU_KVCACHE_SPACE override --kv-cache-memory-bytes (benchmarks/bench_capacity.py)
+    from kvcal.compare.server import ServerConfig, VllmServer
+
+    exact = VllmServer(ServerConfig(tmp_path, kv_cache_memory_bytes=64 * 2**20), tmp_path / "log")
+    args = exact.args()
+    assert args[args.index("--kv-cache-memory-bytes") + 1] == str(64 * 2**20)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in exact.env()
+    default = VllmServer(ServerConfig(tmp_path), tmp_path / "log")
+    assert "--kv-cache-memory-bytes" not in default.args() and "VLLM_CPU_KVCACHE_SPACE" in default.env()

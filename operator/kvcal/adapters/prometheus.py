@@ -26,6 +26,8 @@ from kvcal.core.analysis import (
     latency_metric_name,
     quantile_from_buckets,
 )
+from kvcal.core.capacity import KVCacheConfig, KVCacheReadings, parse_cache_config
+from kvcal.core.saturation import Load, assess_saturation
 from kvcal.core.timestamps import rfc3339
 from kvcal.models.spec import AnalysisSpec
 from kvcal.models.status import Measurement
@@ -63,6 +65,17 @@ def scalar(client: QueryClient, query: str) -> float | None:
     if len(result) > 1:
         raise QueryError(f"expected one series, got {len(result)}: the query must aggregate (sum/max)")
     return float(result[0]["value"][1])
+
+
+def series_labels(client: QueryClient, query: str) -> list[dict[str, str]]:
+    """The label sets of an instant vector query's series (empty when there is none)."""
+    try:
+        result = client.custom_query(query)
+    except (requests.ConnectionError, requests.Timeout) as exc:
+        raise Unreachable(f"Prometheus unreachable: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:
+        raise QueryError(f"{type(exc).__name__}: {exc}") from exc
+    return [dict(series.get("metric") or {}) for series in result]
 
 
 def buckets(client: QueryClient, query: str) -> list[tuple[float, float]]:
@@ -165,4 +178,42 @@ class PrometheusMetrics:
                 )
             else:
                 out.append(informational(metric, b, c, at=at, query=q))
+        if spec.saturation.mode != "disabled":
+            out += self._saturation(client, spec, window, counts, at)
         return out
+
+    def _saturation(
+        self, client: QueryClient, spec: AnalysisSpec, window: str, counts: RequestCounts, at: str
+    ) -> list[Measurement]:
+        values: dict[str, tuple[float | None, float | None]] = {}
+        queries: dict[str, str] = {}
+        templates = {"running": "requests_running", "waiting": "requests_waiting", "preemptions": "preemptions"}
+        for key, template in templates.items():
+            try:
+                b, c, queries[key] = self._pair(client, partial(promql.render_named, template, window=window))
+            except (Unreachable, QueryError) as exc:
+                return [error_measurement("saturation", str(exc), at=at)]
+            values[key] = (b, c)
+
+        def load(role: int, requests: float | None) -> Load:
+            return Load(values["running"][role], values["waiting"][role], values["preemptions"][role], requests)
+
+        baseline, canary = load(0, counts.baseline), load(1, counts.canary)
+        return assess_saturation(
+            spec.saturation, baseline, canary, min_requests=spec.min_requests, at=at, queries=queries
+        )
+
+    def kv_cache(self, spec: AnalysisSpec) -> KVCacheReadings:
+        """The KV cache configuration each role's pods report (vllm:cache_config_info)."""
+        client = self._connect(spec.prometheus.address)
+        configs: list[tuple[KVCacheConfig, ...]] = []
+        query = ""
+        roles: tuple[promql.Role, ...] = ("baseline", "canary")
+        try:
+            for role in roles:
+                query = promql.render_kv_cache_config(self._selector.for_role(role))
+                parsed = (parse_cache_config(labels) for labels in series_labels(client, query))
+                configs.append(tuple(config for config in parsed if config is not None))
+        except (Unreachable, QueryError) as exc:
+            return KVCacheReadings(query=query, error=str(exc))
+        return KVCacheReadings(baseline=configs[0], canary=configs[1], query=query)

@@ -50,6 +50,8 @@ class ServerConfig:
     extra_args: Sequence[str] = ()
     startup_timeout: float = 900.0
     env: dict[str, str] = field(default_factory=dict)
+    # Exact KV space (--kv-cache-memory-bytes) instead of VLLM_CPU_KVCACHE_SPACE's whole GiB.
+    kv_cache_memory_bytes: int | None = None
 
 
 class VllmServer:
@@ -90,6 +92,8 @@ class VllmServer:
         ]
         if c.enforce_eager:
             args.append("--enforce-eager")
+        if c.kv_cache_memory_bytes is not None:
+            args += ["--kv-cache-memory-bytes", str(c.kv_cache_memory_bytes)]
         return [*args, *c.extra_args]
 
     def start(self) -> "VllmServer":
@@ -100,7 +104,7 @@ class VllmServer:
             self.args(),
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=cpu_env() | self.config.env,
+            env=self.env(),
             start_new_session=True,  # its own process group, so stop() reaches the engine-core child too
         )
         log.close()
@@ -111,6 +115,12 @@ class VllmServer:
             raise
         self.startup_seconds = time.monotonic() - started
         return self
+
+    def env(self) -> dict[str, str]:
+        env = cpu_env() | self.config.env
+        if self.config.kv_cache_memory_bytes is not None:
+            env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # vLLM's CPU platform would override the flag with it
+        return env
 
     def _wait_healthy(self, started: float) -> None:
         assert self.process is not None

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from kvcal.core.analysis import assess_run
+from kvcal.core.capacity import capacity_status, with_capacity
 from kvcal.core.conditions import CONDITION_TYPES, get_condition, set_condition
 from kvcal.core.drain import drain_step
 from kvcal.core.events import history_event
@@ -48,6 +49,7 @@ from kvcal.models.status import (
     AnalysisStatus,
     CalibrationStatus,
     CanaryStatus,
+    CapacityStatus,
     ConditionType,
     HistoryEntry,
     KVCalibrationStatus,
@@ -158,6 +160,7 @@ def start_over(draft: Builder, reason: str, message: str) -> None:
         canary=CanaryStatus(),
         analysis=AnalysisStatus(),
         serving=ServingStatus(),
+        capacity=CapacityStatus(),
     )
     for step in ("Calibrated", "ScalesVerified", "CanaryReady", "AnalysisPassed", "Promoted"):
         draft.condition(step, "Unknown", reason, message)
@@ -350,7 +353,13 @@ def _analyzing(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> No
         draft.move(Phase.DEPLOYING, "CanaryMissing", "the canary Deployment disappeared: re-creating it")
         return
     draft.update(canary=draft.status.canary.model_copy(update={"ready_replicas": canary.ready_replicas}))
-    verdict = assess_run(spec.analysis, draft.status.analysis, list(draft.obs.measurements), draft.now)
+    at, readings = rfc3339(draft.now), draft.obs.kv_cache
+    measured = with_capacity(spec.analysis.capacity, readings, list(draft.obs.measurements), at)
+    # Recorded with an assessed interval only: a pass with nothing new writes no status (no self-triggered loop).
+    capacity = capacity_status(readings, at) if readings and measured else None
+    if capacity is not None:
+        draft.update(capacity=capacity)
+    verdict = assess_run(spec.analysis, draft.status.analysis, measured, draft.now)
     draft.update(analysis=verdict.status)
     if verdict.outcome == "Failed":
         draft.condition("AnalysisPassed", "False", "AnalysisFailed", verdict.reason)

@@ -4,6 +4,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from kvcal.core.capacity import KVCacheReadings
 from kvcal.core.manifests.common import Manifest, Owner
 from kvcal.core.policy import Policy
 from kvcal.models.status import KVCalibrationStatus, Measurement
@@ -70,6 +71,7 @@ class Observations:
     # upgrade must not restart anything).
     policy: Policy = field(default_factory=Policy)
     serving_verification_job: JobState | None = None  # the Job named in status.serving.verification.job
+    kv_cache: KVCacheReadings | None = None  # read with the measurements; None: not read (no metrics backend)
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,19 @@ TEMPLATES: dict[str, str] = {
     ),
     "preemptions": "sum(increase({" + vllm_series("num_preemptions_total") + ",$selector}[$window]))",
     "kv_cache_usage": "max(max_over_time({" + vllm_series("kv_cache_usage_perc") + ",$selector}[$window]))",
+    # Mean per pod over the window (core/saturation.py compares per pod: same offered load per pod).
+    "requests_running": "avg(avg_over_time({" + vllm_series("num_requests_running") + ",$selector}[$window]))",
+    "requests_waiting": "avg(avg_over_time({" + vllm_series("num_requests_waiting") + ",$selector}[$window]))",
 }
+# One series per distinct KV cache configuration among a role's pods (core/capacity.py reads the labels).
+KV_CACHE_LABELS = (
+    "cache_dtype",
+    "kv_cache_size_tokens",
+    "kv_cache_memory_bytes",
+    "kv_cache_max_concurrency",
+    "kv_cache_dtype_skip_layers",
+)
+KV_CACHE_CONFIG = "max by (" + ", ".join(KV_CACHE_LABELS) + ") ({" + vllm_series("cache_config_info") + ",$selector})"
 
 _VARIABLE = re.compile(r"\$\{(\w+)\}|\$(\w+)")
 _WINDOW = re.compile(r"^[1-9]\d*(ms|s|m|h|d)$")
@@ -171,11 +183,16 @@ def render_latency_buckets(metric: str, selector: str, window: str) -> str:
     )
 
 
-_NAMED = ("requests", "error_rate", "preemptions", "kv_cache_usage")
+_NAMED = ("requests", "error_rate", "preemptions", "kv_cache_usage", "requests_running", "requests_waiting")
 
 
 def render_named(name: str, selector: str, window: str) -> str:
-    """One of the non-latency templates: requests, error_rate, preemptions, kv_cache_usage."""
+    """One of the non-latency templates (``_NAMED``)."""
     if name not in _NAMED:
         raise TemplateError(f"query {name!r}: must be one of {', '.join(_NAMED)}")
     return render(TEMPLATES[name], {"selector": selector, "window": _check_window(window)})
+
+
+def render_kv_cache_config(selector: str) -> str:
+    """The KV cache configurations a role's pods report now (an instant query: the info series is constant)."""
+    return render(KV_CACHE_CONFIG, {"selector": selector})

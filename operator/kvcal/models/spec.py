@@ -234,6 +234,23 @@ class QualitySpec(SpecModel):
         return self
 
 
+class CapacityCheck(SpecModel):
+    """FP8 KV must really be in effect: the canary's KV capacity in tokens (vLLM's vllm:cache_config_info) against
+    a BF16 baseline's (core/capacity.py)."""
+
+    enabled: bool = True
+    # FP8 halves the bytes of each KV element, so a BF16 baseline's tokens x2 fit in the same space; protected
+    # layers (vLLM --kv-cache-dtype-skip-layers) lower that to 2L/(L+skipped).
+    min_ratio: float = Field(default=1.8, ge=1.0, le=2.0)
+
+
+class SaturationCheck(SpecModel):
+    """Requests waiting and preemptions of canary vs baseline at the same offered load (core/saturation.py)."""
+
+    mode: Literal["disabled", "report", "gate"] = "disabled"
+    max_regression: float = Field(default=0.10, ge=0, le=10)
+
+
 def _default_latency() -> list[LatencyCheck]:
     return [LatencyCheck(metric="ttft"), LatencyCheck(metric="itl"), LatencyCheck(metric="e2e")]
 
@@ -251,6 +268,8 @@ class AnalysisSpec(SpecModel):
     max_error_rate: float = Field(default=0.01, ge=0, le=1)
     latency: list[LatencyCheck] = Field(default_factory=_default_latency, max_length=9)
     quality: QualitySpec = QualitySpec()
+    capacity: CapacityCheck = CapacityCheck()
+    saturation: SaturationCheck = SaturationCheck()
 
     @field_validator("interval")
     @classmethod

@@ -143,6 +143,26 @@ class AnalysisStatus(Model):
     measurements: list[Measurement] = []
 
 
+class KVCacheRole(Model):
+    """The KV cache one role's vLLM reports (vllm:cache_config_info); where pods differ, the one the capacity check
+    judges (core/capacity.py)."""
+
+    cache_dtype: str | None = None
+    kv_tokens: int | None = None
+    kv_bytes: int | None = None  # None where vLLM reports none (GPU without --kv-cache-memory-bytes)
+    bytes_per_token: float | None = None
+    max_concurrency: float | None = None
+
+
+class CapacityStatus(Model):
+    """KV capacity of baseline and canary, as last read (kept across steps and after promotion)."""
+
+    measured_at: str | None = None
+    baseline: KVCacheRole | None = None
+    canary: KVCacheRole | None = None
+    token_ratio: float | None = Field(default=None, description="Canary KV tokens / baseline KV tokens")
+
+
 class HistoryEntry(Model):
     phase: Phase
     at: str
@@ -162,3 +182,4 @@ class KVCalibrationStatus(Model):
     analysis: AnalysisStatus = AnalysisStatus()
     history: list[HistoryEntry] = []
     serving: ServingStatus = ServingStatus()
+    capacity: CapacityStatus = CapacityStatus()

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from pydantic import ValidationError
 
 from kvcal.core.analysis import error_measurement
+from kvcal.core.capacity import KVCacheReadings
 from kvcal.core.conditions import get_condition, set_condition
 from kvcal.core.decide import OBSERVES, decide, measurement_due
 from kvcal.core.deletion import decide_deletion
@@ -200,6 +201,7 @@ class Reconciler:
         if obj is None or obj["metadata"].get("deletionTimestamp"):
             if self.metrics:
                 self.metrics.set_phase(namespace, name, None)
+                self.metrics.set_capacity(namespace, name, None)
             return None
         now = self.clock()
         spec, spec_error = parse_spec(obj)
@@ -255,6 +257,7 @@ class Reconciler:
             self.kube.remove_annotations(owner.namespace, owner.name, sorted(set(keys)))
         if self.metrics:
             self.metrics.set_phase(owner.namespace, owner.name, decision.status.phase)
+            self.metrics.set_capacity(owner.namespace, owner.name, decision.status.capacity)
             if decision.status.phase != before.phase and before.phase_started_at:
                 started = parse_rfc3339(before.phase_started_at)
                 self.metrics.phase_left(before.phase, (now - started).total_seconds())
@@ -310,7 +313,8 @@ class Reconciler:
         )
         if measurement_due(spec.analysis, status, now):
             target = self._target(owner, spec)
-            obs = Observations(**{**obs.__dict__, "measurements": tuple(self.measure(target, now))})
+            measurements = tuple(self.measure(target, now))
+            obs = Observations(**{**obs.__dict__, "measurements": measurements, "kv_cache": self.kv_cache(target)})
         return obs
 
     def routed_weight(self, owner: Owner, spec: KVCalibrationSpec) -> int | None:
@@ -347,6 +351,16 @@ class Reconciler:
             except Exception as e:
                 out.append(error_measurement("probes", f"{type(e).__name__}: {e}", at=rfc3339(now)))
         return out
+
+    def kv_cache(self, target: Target) -> KVCacheReadings | None:
+        """The KV cache each role reports (core.capacity); None without a metrics backend."""
+        metrics = self.backends.metrics(target) if self.backends else None
+        if metrics is None:
+            return None
+        try:
+            return metrics.kv_cache(target.spec.analysis)
+        except Exception as e:
+            return KVCacheReadings(error=f"{type(e).__name__}: {e}")
 
     def probe_urls(self, target: Target) -> tuple[str, str]:
         """One ready pod of each role by pod IP (see core.endpoints: the baseline Service also reaches the canary)."""
