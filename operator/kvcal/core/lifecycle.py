@@ -255,6 +255,8 @@ def _calibrating(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> 
         fail(draft, "CalibrationFailed", f"calibration Job {job.name} succeeded but its summary is unreadable: {e}")
         return
     draft.update(calibration=calibration)
+    if calibration.context_warning:
+        draft.event("Warning", "CalibrationContextShort", calibration.context_warning)
     draft.condition("Calibrated", "True", "JobSucceeded", _calibration_message(calibration))
     draft.move(Phase.VERIFYING, "Calibrated", _calibration_message(calibration))
 
@@ -263,6 +265,8 @@ def _calibration_message(c: CalibrationStatus) -> str:
     parts = [f"{c.samples} samples, {c.tokens} tokens", f"kScaleMax {c.k_scale_max}, vScaleMax {c.v_scale_max}"]
     if c.top1_agreement_calibrated is not None:
         parts.append(f"top-1 agreement {c.top1_agreement_default} (default) -> {c.top1_agreement_calibrated}")
+    if c.context_warning:
+        parts.append(f"warning: {c.context_warning}")
     return "; ".join(parts)
 
 
