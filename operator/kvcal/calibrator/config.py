@@ -32,7 +32,7 @@ class CalibrationConfig(Model):
     holdout_samples: int | None = Field(default=None, ge=1, description="Cap on held-out samples evaluated")
     max_model_len: int | None = Field(
         default=None,
-        ge=16,
+        ge=1,
         description="Longest context the service serves (vLLM --max-model-len), to judge the calibration data's "
         "length coverage; default: the model's max_position_embeddings",
     )

@@ -9,6 +9,7 @@ from typing import Any
 
 from kvcal.core.analysis import assess_run
 from kvcal.core.conditions import CONDITION_TYPES, get_condition, set_condition
+from kvcal.core.context import served_context
 from kvcal.core.drain import drain_step
 from kvcal.core.events import history_event
 from kvcal.core.manifests import (
@@ -212,7 +213,7 @@ def _pending(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> None
     if job is None:
         try:
             draft.do(
-                Create(build_calibration_configmap(draft.obs.owner, spec, current_hash)),
+                Create(build_calibration_configmap(draft.obs.owner, spec, current_hash, _served_context(draft, spec))),
                 Create(build_calibration_job(draft.obs.owner, spec, current_hash)),
             )
         except ValueError as e:
@@ -224,11 +225,15 @@ def _pending(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> None
     draft.update(message=f"calibration Job {name} is running")  # what the next passes say: no second write
 
 
+def _served_context(draft: Builder, spec: KVCalibrationSpec) -> int | None:
+    return served_context(draft.obs.baseline, spec.serving.baseline.container)
+
+
 def _calibrating(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> None:
     job = draft.obs.calibration_job
     if job is None:
         draft.do(
-            Create(build_calibration_configmap(draft.obs.owner, spec, current_hash)),
+            Create(build_calibration_configmap(draft.obs.owner, spec, current_hash, _served_context(draft, spec))),
             Create(build_calibration_job(draft.obs.owner, spec, current_hash)),
         )
         draft.wait("calibration Job missing: re-created it")
