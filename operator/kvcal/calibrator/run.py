@@ -235,9 +235,12 @@ def end_to_end(result: HoldoutResult, info: ModelInfo, config: CalibrationConfig
         )
 
     not_saved = f"not in this checkpoint (strategy {config.strategy}): derived from the same calibration max|x|"
-    head_note = PER_HEAD_SERVING if config.strategy == "head" else f"{not_saved}; {PER_HEAD_SERVING}"
-    tensor = variant("fp8-tensor", "fp8", *(("saved", None) if config.strategy == "tensor" else ("derived", not_saved)))
-    head = variant("fp8-head", "fp8", "saved" if config.strategy == "head" else "derived", head_note)
+    if config.strategy == "tensor":
+        tensor = variant("fp8-tensor", "fp8", "saved")
+        head = variant("fp8-head", "fp8", "derived", f"{not_saved}; {PER_HEAD_SERVING}")
+    else:
+        tensor = variant("fp8-tensor", "fp8", "derived", not_saved)
+        head = variant("fp8-head", "fp8", "saved", PER_HEAD_SERVING)
     return R.EndToEnd(
         tokens=result.metrics["bf16"].tokens,
         rounding=config.rounding,
@@ -250,14 +253,10 @@ def end_to_end(result: HoldoutResult, info: ModelInfo, config: CalibrationConfig
 
 
 def coverage(config: CalibrationConfig, info: ModelInfo, plan: DataPlan) -> LengthCoverage:
-    served, source = (
-        (config.max_model_len, "maxModelLen")
-        if config.max_model_len
-        else (
-            info.max_positions or config.max_seq_length,
-            "max_position_embeddings",
-        )
-    )
+    if config.max_model_len:
+        served, source = config.max_model_len, "maxModelLen"
+    else:  # what vLLM serves without --max-model-len
+        served, source = info.max_positions or config.max_seq_length, "max_position_embeddings"
     return length_coverage(
         [len(s.input_ids) for s in plan.calibration],
         served,
