@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from kvcal.calibrator.report import load
 from kvcal.models.status import CALIBRATION_SUMMARY_FIELDS
 from tests.support.demo import DemoCheckpoint
 
@@ -77,6 +78,9 @@ def test_per_head_scales_saved_with_one_scale_per_kv_head(amplified_calibration:
             assert t.float().flatten().tolist() == row
     cfg = json.loads((amplified_calibration / "config.json").read_text())
     assert cfg["quantization_config"]["kv_cache_scheme"]["strategy"] == "attn_head"
+    e = load(amplified_calibration / "kvcal-report.json").end_to_end
+    assert e.fp8_head is not None and e.fp8_tensor is not None and e.fp8_calibrated == e.fp8_head
+    assert (e.fp8_head.scales, e.fp8_tensor.scales) == ("saved", "derived") and e.fp8_tensor.simulated
 
 
 def test_weights_bit_identical_to_the_bf16_input(demo_checkpoint: Path, demo_model_dir: Path) -> None:
@@ -119,8 +123,6 @@ def test_termination_summary_fits_and_has_the_contract_keys(demo_calibration: De
 
 
 def test_report_validates_against_its_schema(demo_checkpoint: Path) -> None:
-    from kvcal.calibrator.report import load
-
     report = load(demo_checkpoint / "kvcal-report.json")
     p = report.provenance
     assert report.report_version == 1 and p.samples == 6 and p.tokens > 0 and p.layers == 30 and p.kv_heads == 3
@@ -137,3 +139,44 @@ def test_report_validates_against_its_schema(demo_checkpoint: Path) -> None:
         for heads in (layer.k, layer.v):
             assert max(h.calibration.absmax for h in heads) / 448 == pytest.approx(heads[0].scale, rel=4e-3)
     assert len(report.sensitive_layers) == 3
+
+
+def test_demo_report_shows_the_four_variants_with_kv_bytes_per_token(demo_checkpoint: Path) -> None:
+    """BF16, FP8 1.0, FP8 per tensor (saved here) and FP8 per head (derived, marked simulated) on the same held-out
+    tokens, in the JSON report and in the table report.md and `kvcal calibrate` print."""
+    report = load(demo_checkpoint / "kvcal-report.json")
+    e = report.end_to_end
+    assert e.fp8_tensor is not None and e.fp8_head is not None
+    rows = {"bf16": e.bf16, "fp8 1.0": e.fp8_default, "tensor": e.fp8_tensor, "head": e.fp8_head}
+    fp8_bytes = 30 * 2 * 3 * 64  # SmolLM2-135M: 30 layers x K,V x 3 KV heads x 64 dims x 1 byte
+    assert {n: r.kv_bytes_per_token for n, r in rows.items()} == {
+        "bf16": 2 * fp8_bytes, "fp8 1.0": fp8_bytes, "tensor": fp8_bytes, "head": fp8_bytes
+    }  # fmt: skip
+    assert [r.scales for r in rows.values()] == ["none", "1.0", "saved", "derived"]
+    assert e.fp8_calibrated == e.fp8_tensor and e.bf16.top1_agreement == 1.0
+    assert e.fp8_head.simulated and "not in this checkpoint" in e.fp8_head.simulated and e.fp8_tensor.simulated is None
+    # four separate passes: FP8 perturbs BF16's output, each variant by its own amount
+    assert all(r.kl_to_bf16 > 0 for n, r in rows.items() if n != "bf16"), rows
+    assert set(report.holdout_clip_rate) >= {"default", "tensor", "head", "calibrated"}
+    md = (demo_checkpoint / "report.md").read_text()
+    for row in (
+        "| BF16 | none | 23,040 |",
+        "| FP8 scale 1.0 | 1.0 | 11,520 |",
+        "| FP8 per tensor | saved | 11,520 |",
+        "| FP8 per head [1] | derived | 11,520 |",
+        "[1] FP8 per head: simulated; not in this checkpoint",
+    ):
+        assert row in md, row  # fmt: skip
+
+
+def test_demo_report_warns_that_calibration_stops_far_below_the_served_context(
+    demo_calibration: DemoCheckpoint,
+) -> None:
+    """The fixture calibrates on <= 128 tokens; SmolLM2 serves 8192 (max_position_embeddings, no maxModelLen)."""
+    c = load(demo_calibration.path / "kvcal-report.json").length_coverage
+    assert c is not None and c.served_context_tokens == 8192 and c.served_context_source == "max_position_embeddings"
+    assert 0 < c.longest_sample_tokens <= 128 and c.warning and "8192-token context" in c.warning
+    summary = json.loads(demo_calibration.termination_log.read_text())
+    assert (summary["longestSampleTokens"], summary["servedContextTokens"]) == (c.longest_sample_tokens, 8192)
+    assert summary["contextWarning"] == c.warning
+    assert c.warning in (demo_calibration.path / "report.md").read_text()

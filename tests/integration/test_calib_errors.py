@@ -82,3 +82,14 @@ def test_bad_flag_value_names_the_field(tmp_path: Path, data: Path, capsys: pyte
         capsys, str(tmp_path), "--data", str(data), "--out", str(tmp_path / "o"), "--holdout-fraction", "0.9"
     )
     assert rc == 2 and "holdoutFraction" in err
+
+
+def test_default_sample_count_works_with_the_bundled_data(demo_model_dir: Path, tmp_path: Path) -> None:
+    """No --samples on the 38 bundled prompts: all 34 left after the holdout split (it asked for 512 and failed)."""
+    from kvcal.calibrator.config import CalibrationConfig
+    from kvcal.calibrator.run import preflight
+    from kvcal.demo import CALIBRATION_SET
+
+    config = CalibrationConfig(model_dir=demo_model_dir, data=CALIBRATION_SET, out=tmp_path / "o")
+    _, _, plan = preflight(config)  # everything that can fail about the data, with the real tokenizer
+    assert (len(plan.calibration), len(plan.holdout)) == (34, 4)

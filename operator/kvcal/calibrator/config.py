@@ -11,6 +11,8 @@ from kvcal.models.base import Model
 from kvcal.models.spec import OBSERVERS
 
 DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
+# Without an explicit `samples`, take every available sample up to this many (the bundled demo set has 38 records).
+DEFAULT_MAX_SAMPLES = 512
 
 
 class CalibrationConfig(Model):
@@ -22,10 +24,18 @@ class CalibrationConfig(Model):
     out: Path = Field(description="Output folder: calibrated checkpoint + kvcal-report.json + report.md + plots")
     strategy: Literal["tensor", "head"] = "tensor"
     observer: Literal["static-minmax", "minmax", "mse"] = "static-minmax"
-    samples: int = Field(default=512, ge=1, description="Calibration samples")
+    samples: int | None = Field(
+        default=None, ge=1, description=f"Calibration samples (default: all available, up to {DEFAULT_MAX_SAMPLES})"
+    )
     max_seq_length: int = Field(default=4096, ge=16, description="Longer samples are truncated (and counted)")
     holdout_fraction: float = Field(default=0.1, gt=0, le=0.5)
     holdout_samples: int | None = Field(default=None, ge=1, description="Cap on held-out samples evaluated")
+    max_model_len: int | None = Field(
+        default=None,
+        ge=1,
+        description="Longest context the service serves (vLLM --max-model-len), to judge the calibration data's "
+        "length coverage; default: the model's max_position_embeddings",
+    )
     seed: int = 0
     pipeline: Literal["auto", "basic", "sequential"] = "auto"
     rounding: Literal["nearest", "toward-zero"] = Field(
@@ -60,6 +70,11 @@ class CalibrationConfig(Model):
             if any(w < 0 for w in dist.values()) or sum(dist.values()) <= 0:
                 raise ValueError("lengthDistribution: weights must be >= 0 with a positive sum")
         return self
+
+    def sample_count(self, available: int) -> int:
+        """Samples to calibrate on: the explicit `samples` (checked against `available` by the caller), else all
+        available up to DEFAULT_MAX_SAMPLES."""
+        return self.samples if self.samples is not None else min(available, DEFAULT_MAX_SAMPLES)
 
     @property
     def compressor_observer(self) -> str:

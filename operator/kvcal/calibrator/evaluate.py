@@ -1,5 +1,6 @@
 """Held-out evaluation: per layer x KV head numerics of four scale sets, and end-to-end NLL / KL / top-1 agreement of
-BF16, FP8 with scale 1.0 and FP8 with the calibrated scales — K/V replaced by what an FP8 cache returns."""
+BF16, FP8 with scale 1.0, FP8 calibrated per tensor and FP8 calibrated per head — K/V replaced by what an FP8 cache
+returns, on the same held-out samples."""
 
 import logging
 from collections.abc import Iterator, Sequence
@@ -17,7 +18,7 @@ from kvcal.calibrator.taps import KINDS, Tap, TensorStats, attach, detach
 log = logging.getLogger(__name__)
 
 ScaleSet = dict[str, list[torch.Tensor]]  # kind -> per-layer float32 scales, shape (1,) or (heads, 1, 1)
-VARIANTS = ("bf16", "fp8-default", "fp8-calibrated")
+VARIANTS = ("bf16", "fp8-default", "fp8-tensor", "fp8-head")
 KEEP_BUDGET_BYTES = 1 << 30  # holdout K/V kept for the oracle's numerics up to this size, else one more BF16 pass
 _LOGIT_CHUNK = 256
 
@@ -111,16 +112,15 @@ def _score_tokens(
 def evaluate_holdout(
     model: nn.Module,
     samples: Sequence[Sample],
-    calibrated: ScaleSet,
     per_tensor: ScaleSet,
     per_head: ScaleSet,
     heads: int,
     rounding: Rounding = "nearest",
 ) -> HoldoutResult:
-    """Three passes per held-out sample (BF16 with statistics, FP8 at scale 1.0, FP8 calibrated)."""
+    """Four passes per held-out sample: BF16 (with statistics), FP8 at scale 1.0, per tensor, per head."""
     from llmcompressor.utils.helpers import DisableQuantization
 
-    layers = len(calibrated["k"])
+    layers = len(per_tensor["k"])
     head_dim = int(getattr(model.config, "head_dim", 0) or 128)
     kv_bytes = sum(len(s.input_ids) for s in samples) * layers * 2 * heads * head_dim * 2
     keep = kv_bytes <= KEEP_BUDGET_BYTES
@@ -132,7 +132,8 @@ def evaluate_holdout(
     )
     fp8_taps = {
         "fp8-default": Tap(heads, stats=False, replace=unit_scales(layers), rounding=rounding),
-        "fp8-calibrated": Tap(heads, stats=False, replace=calibrated, rounding=rounding),
+        "fp8-tensor": Tap(heads, stats=False, replace=per_tensor, rounding=rounding),
+        "fp8-head": Tap(heads, stats=False, replace=per_head, rounding=rounding),
     }
     metrics = {v: VariantMetrics() for v in VARIANTS}
     switch = Switch()
@@ -144,7 +145,7 @@ def evaluate_holdout(
     tokens = 0
     try:
         with torch.no_grad(), DisableQuantization(model):  # our taps quantize; compressed-tensors must not
-            for s in tqdm(samples, desc="holdout (BF16 / FP8 1.0 / FP8 calibrated)", unit="sample"):
+            for s in tqdm(samples, desc="holdout (BF16 / FP8 1.0 / per tensor / per head)", unit="sample"):
                 ids = torch.tensor([s.input_ids])
                 hiddens: dict[str, torch.Tensor] = {}
                 with switch.using(stats_tap):

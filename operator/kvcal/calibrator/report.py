@@ -4,11 +4,16 @@ termination message. The pydantic models below ARE the report schema: bump REPOR
 import json
 import math
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
+from kvcal.calibrator.coverage import LengthCoverage
 from kvcal.models.base import Model
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 REPORT_VERSION = 1
 REPORT_FILE = "kvcal-report.json"
@@ -46,10 +51,22 @@ class LayerStats(Model):
     v: list[HeadStats]
 
 
+ScaleOrigin = Literal["none", "1.0", "saved", "derived"]
+
+
 class VariantResult(Model):
     nll: float
     kl_to_bf16: float
     top1_agreement: float
+    kv_bytes_per_token: int | None = Field(default=None, description="KV-cache bytes per token, all layers, K and V")
+    scales: ScaleOrigin | None = Field(
+        default=None,
+        description="none (BF16), 1.0, saved (this checkpoint's), derived (from the same calibration statistics, "
+        "not in this checkpoint)",
+    )
+    simulated: str | None = Field(
+        default=None, description="Set when serving cannot use these scales as measured here: why, and what it does"
+    )
 
 
 class EndToEnd(Model):
@@ -57,7 +74,9 @@ class EndToEnd(Model):
     rounding: str
     bf16: VariantResult
     fp8_default: VariantResult
-    fp8_calibrated: VariantResult
+    fp8_calibrated: VariantResult = Field(description="The saved scales: equal to fp8Tensor or fp8Head by strategy")
+    fp8_tensor: VariantResult | None = None
+    fp8_head: VariantResult | None = None
 
 
 class ClipStats(Model):
@@ -118,6 +137,9 @@ class Summary(Model):
     top1_agreement_calibrated: float
     duration_seconds: float
     artifact: str
+    longest_sample_tokens: int | None = None
+    served_context_tokens: int | None = None
+    context_warning: str | None = None
     report_version: int = REPORT_VERSION
 
 
@@ -128,7 +150,10 @@ class Report(Model):
     scales: dict[str, list[list[float]]] = Field(description="'k'/'v' -> per layer, per KV head (saved, bf16)")
     layers: list[LayerStats]
     end_to_end: EndToEnd
-    holdout_clip_rate: dict[str, ClipStats] = Field(description="'default' | 'calibrated' -> overall clip rates")
+    holdout_clip_rate: dict[str, ClipStats] = Field(
+        description="'default' | 'calibrated' | 'tensor' | 'head' -> overall clip rates"
+    )
+    length_coverage: LengthCoverage | None = None
     sensitive_layers: list[SensitiveLayer]
     timings_seconds: dict[str, float]
     summary: Summary
@@ -172,23 +197,50 @@ def _pct(x: float) -> str:
     return f"{100 * x:.4f}%" if x else "0"
 
 
+def _bytes(n: int | None) -> str:
+    return f"{n:,}" if n is not None else "-"
+
+
 def comparison_table(report: Report) -> str:
-    """The BF16 / FP8 1.0 / FP8 calibrated table printed by `kvcal calibrate` and written into report.md."""
+    """BF16 / FP8 1.0 / FP8 per tensor / FP8 per head on the same held-out tokens, printed by `kvcal calibrate`
+    and written into report.md; rows serving cannot reproduce as measured are starred and explained below."""
     e = report.end_to_end
     clip = report.holdout_clip_rate
-    rows = [
+    rows: list[tuple[str, VariantResult, ClipStats | None]] = [
         ("BF16", e.bf16, None),
         ("FP8 scale 1.0", e.fp8_default, clip["default"]),
-        ("FP8 calibrated", e.fp8_calibrated, clip["calibrated"]),
     ]
+    if e.fp8_tensor is not None and e.fp8_head is not None:
+        rows += [("FP8 per tensor", e.fp8_tensor, clip.get("tensor")), ("FP8 per head", e.fp8_head, clip.get("head"))]
+    else:  # a report written before the per-tensor/per-head rows
+        rows.append(("FP8 calibrated", e.fp8_calibrated, clip["calibrated"]))
     lines = [
-        "| variant | NLL | KL to BF16 | top-1 agreement | K clip rate | V clip rate |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| variant | scales | KV bytes/token | NLL | KL to BF16 | top-1 agreement | K clip rate | V clip rate |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
+    notes: list[str] = []
     for name, r, c in rows:
         kc, vc = (_pct(c.k), _pct(c.v)) if c else ("-", "-")
-        lines.append(f"| {name} | {r.nll:.4f} | {r.kl_to_bf16:.5f} | {100 * r.top1_agreement:.2f}% | {kc} | {vc} |")
-    return "\n".join(lines)
+        mark = f" [{len(notes) + 1}]" if r.simulated else ""
+        if r.simulated:
+            notes.append(f"[{len(notes) + 1}] {name}: simulated; {r.simulated}")
+        lines.append(
+            f"| {name}{mark} | {r.scales or '-'} | {_bytes(r.kv_bytes_per_token)} | {r.nll:.4f} | {r.kl_to_bf16:.5f} "
+            f"| {100 * r.top1_agreement:.2f}% | {kc} | {vc} |"
+        )
+    return "\n".join([*lines, *(["", *notes] if notes else [])])
+
+
+def coverage_line(report: Report) -> str:
+    c = report.length_coverage
+    if c is None:
+        return ""
+    head = (
+        f"Length coverage: calibration samples reach {c.longest_sample_tokens} tokens (median "
+        f"{c.median_sample_tokens}) of the {c.served_context_tokens}-token context served "
+        f"({c.served_context_source}): {100 * c.covered_fraction:.1f}%."
+    )
+    return f"{head}\n\n**Warning:** {c.warning}" if c.warning else head
 
 
 def markdown(report: Report) -> str:
@@ -207,6 +259,8 @@ def markdown(report: Report) -> str:
         f"rounding: {report.end_to_end.rounding})",
         "",
         comparison_table(report),
+        "",
+        coverage_line(report),
         "",
         f"Scale max: K {s.k_scale_max:.5g}, V {s.v_scale_max:.5g}. Duration {s.duration_seconds:.1f} s.",
         "",
@@ -240,7 +294,8 @@ def markdown(report: Report) -> str:
         out.append("| " + " | ".join(cells) + " |")
     out += [
         "",
-        "Plots: `scales.png` (scale per layer x KV head), `clip-rate.png` (holdout clip rate, 1.0 vs calibrated).",
+        "Plots: `scales.png` (scale per layer x KV head, K and V on one log colour scale), `clip-rate.png` (holdout "
+        "clip rate at 1.0, per tensor and per head, one colour scale).",
         "",
         "## Provenance",
         "",
@@ -254,43 +309,66 @@ def markdown(report: Report) -> str:
     return "\n".join(out)
 
 
-def plot(report: Report, out: Path) -> list[Path]:
-    """Heatmaps layer x KV head: saved scales (K, V); holdout clip rate at 1.0 and calibrated (K, V)."""
+PLOTS = ("scales.png", "clip-rate.png")
+
+
+def figures(report: Report) -> dict[str, "Figure"]:
+    """Heatmaps KV head (rows) x layer (columns), whole-number ticks. scales.png: K and V on one log colour scale.
+    clip-rate.png: holdout clip rate at 1.0, per tensor and per head, K and V, on one linear colour scale from 0
+    (an all-zero panel is drawn in the colour of 0 and titled so, not stretched over a meaningless range)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
-
-    cal = "head" if report.provenance.strategy == "head" else "tensor"
+    from matplotlib.colors import LogNorm, Normalize
+    from matplotlib.ticker import MaxNLocator
 
     def grid(kind: str, value: str) -> "np.ndarray[tuple[int, int], np.dtype[np.float64]]":
         rows = []
         for layer in report.layers:
             heads = layer.k if kind == "k" else layer.v
-            if value == "scale":
-                rows.append([h.scale for h in heads])
-            else:
-                rows.append([getattr(h.holdout_clip_rate, value) for h in heads])
+            rows.append([h.scale if value == "scale" else getattr(h.holdout_clip_rate, value) for h in heads])
         return np.asarray(rows, dtype=np.float64).T
 
-    paths = []
-    fig, axes = plt.subplots(2, 1, figsize=(10, 4), constrained_layout=True)
-    for ax, kind in zip(axes, ("k", "v"), strict=True):
-        im = ax.imshow(grid(kind, "scale"), aspect="auto", cmap="viridis")
-        ax.set(title=f"{kind.upper()} scale ({report.provenance.strategy})", xlabel="layer", ylabel="KV head")
-        fig.colorbar(im, ax=ax)
-    paths.append(out / "scales.png")
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
-    fig, axes = plt.subplots(2, 2, figsize=(14, 5), constrained_layout=True)
+    def whole_ticks(ax: "Axes") -> None:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set(xlabel="layer", ylabel="KV head")
+
+    strategy = report.provenance.strategy
+    scales = {kind: grid(kind, "scale") for kind in ("k", "v")}
+    positive = np.concatenate([g[g > 0] for g in scales.values()])
+    scale_norm = LogNorm(vmin=positive.min(), vmax=positive.max()) if positive.size else Normalize(0, 1)
+    fig_scales, axes = plt.subplots(2, 1, figsize=(10, 4.5), constrained_layout=True, squeeze=False)
+    for ax, kind in zip(axes[:, 0], ("k", "v"), strict=True):
+        im = ax.imshow(scales[kind], aspect="auto", cmap="viridis", norm=scale_norm, interpolation="nearest")
+        ax.set_title(f"{kind.upper()} scale ({strategy})")
+        whole_ticks(ax)
+    fig_scales.colorbar(im, ax=axes[:, 0].tolist(), label="scale (log)")
+
+    columns = (("default", "scale 1.0"), ("tensor", "per tensor"), ("head", "per head"))
+    clip = {(kind, value): 100 * grid(kind, value) for kind in ("k", "v") for value, _ in columns}
+    top = max(float(g.max()) for g in clip.values())
+    clip_norm = Normalize(vmin=0.0, vmax=top if top > 0 else 1.0)  # all zero: 0 still maps to the bottom colour
+    fig_clip, axes = plt.subplots(2, 3, figsize=(16, 5), constrained_layout=True, squeeze=False)
     for row, kind in enumerate(("k", "v")):
-        for col, (value, label) in enumerate((("default", "scale 1.0"), (cal, "calibrated"))):
-            ax = axes[row][col]
-            im = ax.imshow(100 * grid(kind, value), aspect="auto", cmap="magma")
-            ax.set(title=f"{kind.upper()} holdout clip rate %, {label}", xlabel="layer", ylabel="KV head")
-            fig.colorbar(im, ax=ax)
-    paths.append(out / "clip-rate.png")
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
+        for col, (value, label) in enumerate(columns):
+            ax, data = axes[row][col], clip[(kind, value)]
+            im = ax.imshow(data, aspect="auto", cmap="magma", norm=clip_norm, interpolation="nearest")
+            zero = " (all zero)" if not data.any() else ""
+            ax.set_title(f"{kind.upper()} holdout clip rate %, {label}{zero}")
+            whole_ticks(ax)
+    fig_clip.colorbar(im, ax=axes.ravel().tolist(), label="holdout clip rate %")
+    return dict(zip(PLOTS, (fig_scales, fig_clip), strict=True))
+
+
+def plot(report: Report, out: Path) -> list[Path]:
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for name, fig in figures(report).items():
+        paths.append(out / name)
+        fig.savefig(paths[-1], dpi=90)
+        plt.close(fig)
     return paths

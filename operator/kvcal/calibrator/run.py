@@ -16,6 +16,7 @@ import torch
 from kvcal.calibrator import data as D
 from kvcal.calibrator import report as R
 from kvcal.calibrator.config import CalibrationConfig
+from kvcal.calibrator.coverage import LengthCoverage, length_coverage
 from kvcal.calibrator.evaluate import HoldoutResult, ScaleSet, evaluate_holdout, per_head_scales, per_tensor_scales
 from kvcal.calibrator.preflight import InputError, ModelInfo, check_lengths, check_output, inspect_model
 from kvcal.calibrator.preflight import prepare_output as _prepare_output
@@ -26,6 +27,12 @@ log = logging.getLogger(__name__)
 VERSIONED = ("torch", "transformers", "llmcompressor", "compressed-tensors", "kvcal")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
 SENSITIVE_LAYERS = 3
+BYTES_PER_ELEMENT = {"bf16": 2, "fp8": 1}
+# Where vLLM can serve per-head scales (the background primer and kvcal verify --runtime on the CPU backend).
+PER_HEAD_SERVING = (
+    "vLLM applies per-head scales only on attention backends that support them (FlashAttention); others, e.g. "
+    "the CPU backend, take the max over heads, which serves the per-tensor row"
+)
 
 
 @dataclass
@@ -78,14 +85,15 @@ def plan_data(config: CalibrationConfig, tokenizer: D.Tokenizer, parsed: Parsed 
         if not hold_ix:
             raise InputError(f"{config.data}: {len(records)} record(s) leave nothing to hold out; add data")
         pool, held = [records[i] for i in cal_ix], [records[i] for i in hold_ix]
-    if len(pool) < config.samples:
+    wanted = config.sample_count(len(pool))
+    if len(pool) < wanted:
         raise InputError(
-            f"{config.data}: asked for {config.samples} calibration samples but only {len(pool)} are available "
+            f"{config.data}: asked for {wanted} calibration samples but only {len(pool)} are available "
             f"after holding out {len(records) - len(pool)}; lower --samples or add data"
         )
     pool_ids = [D.render(r, tokenizer) for r in pool]
     sel = D.select_by_length(
-        [len(i) for i in pool_ids], config.samples, config.length_buckets, config.length_distribution, config.seed
+        [len(i) for i in pool_ids], wanted, config.length_buckets, config.length_distribution, config.seed
     )
     held_ids = [D.render(r, tokenizer) for r in held]
     if config.holdout_samples is not None and config.holdout_samples < len(held):
@@ -206,6 +214,58 @@ def sensitive_layers(layers: list[R.LayerStats], strategy: str) -> list[R.Sensit
     return sorted(rows, key=lambda r: r.sqnr_db)[:SENSITIVE_LAYERS]
 
 
+def kv_bytes_per_token(info: ModelInfo, dtype: str) -> int:
+    """K and V of every layer for one token; scales are per layer, not per token, so they add nothing here."""
+    return info.layers * 2 * info.kv_heads * info.head_dim * BYTES_PER_ELEMENT[dtype]
+
+
+def end_to_end(result: HoldoutResult, info: ModelInfo, config: CalibrationConfig) -> R.EndToEnd:
+    """The four variants on the same held-out tokens; the strategy not saved is derived from the same calibration
+    statistics (static min-max) and marked simulated, as is per head where the serving backend may not use it."""
+    m = {k: v.as_dict() for k, v in result.metrics.items()}
+
+    def variant(name: str, dtype: str, scales: R.ScaleOrigin, simulated: str | None = None) -> R.VariantResult:
+        return R.VariantResult(
+            nll=m[name]["nll"],
+            kl_to_bf16=m[name]["kl"],
+            top1_agreement=m[name]["top1"],
+            kv_bytes_per_token=kv_bytes_per_token(info, dtype),
+            scales=scales,
+            simulated=simulated,
+        )
+
+    not_saved = f"not in this checkpoint (strategy {config.strategy}): derived from the same calibration max|x|"
+    if config.strategy == "tensor":
+        tensor = variant("fp8-tensor", "fp8", "saved")
+        head = variant("fp8-head", "fp8", "derived", f"{not_saved}; {PER_HEAD_SERVING}")
+    else:
+        tensor = variant("fp8-tensor", "fp8", "derived", not_saved)
+        head = variant("fp8-head", "fp8", "saved", PER_HEAD_SERVING)
+    return R.EndToEnd(
+        tokens=result.metrics["bf16"].tokens,
+        rounding=config.rounding,
+        bf16=variant("bf16", "bf16", "none"),
+        fp8_default=variant("fp8-default", "fp8", "1.0"),
+        fp8_calibrated=head if config.strategy == "head" else tensor,
+        fp8_tensor=tensor,
+        fp8_head=head,
+    )
+
+
+def coverage(config: CalibrationConfig, info: ModelInfo, plan: DataPlan) -> LengthCoverage:
+    if config.max_model_len:
+        served, source = config.max_model_len, "maxModelLen"
+    else:  # what vLLM serves without --max-model-len
+        served, source = info.max_positions or config.max_seq_length, "max_position_embeddings"
+    return length_coverage(
+        [len(s.input_ids) for s in plan.calibration],
+        served,
+        source,
+        config.max_seq_length,
+        sum(s.truncated for s in plan.calibration),
+    )
+
+
 def versions() -> dict[str, str]:
     out = {}
     for name in VERSIONED:
@@ -247,7 +307,6 @@ def calibrate(config: CalibrationConfig) -> R.Report:
         result = evaluate_holdout(
             model,
             plan.holdout,
-            calibrated=saved_view,
             per_tensor=saved_view if config.strategy == "tensor" else derived_tensor,
             per_head=saved_view if config.strategy == "head" else derived_head,
             heads=info.kv_heads,
@@ -276,15 +335,12 @@ def assemble(
 ) -> R.Report:
     heads = info.kv_heads
     layers = build_layers(calib_tap.observed, result, saved, heads)
-    m = {k: v.as_dict() for k, v in result.metrics.items()}
-
-    def variant(name: str) -> R.VariantResult:
-        return R.VariantResult(nll=m[name]["nll"], kl_to_bf16=m[name]["kl"], top1_agreement=m[name]["top1"])
-
-    clip = {
-        "default": overall_clip(result, "default", info.layers),
-        "calibrated": overall_clip(result, "head" if config.strategy == "head" else "tensor", info.layers),
-    }
+    e2e = end_to_end(result, info, config)
+    clip = {name: overall_clip(result, name, info.layers) for name in ("default", "tensor", "head")}
+    clip["calibrated"] = clip[config.strategy]
+    lengths = coverage(config, info, plan)
+    if lengths.warning:
+        log.warning("length coverage: %s", lengths.warning)
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
     cal_tokens = sum(len(s.input_ids) for s in plan.calibration)
     every = [*plan.calibration, *plan.holdout]
@@ -329,23 +385,21 @@ def assemble(
         v_scale_max=max(max(r) for r in scales["v"]),
         holdout_clip_rate_default=clip["default"],
         holdout_clip_rate_calibrated=clip["calibrated"],
-        top1_agreement_default=m["fp8-default"]["top1"],
-        top1_agreement_calibrated=m["fp8-calibrated"]["top1"],
+        top1_agreement_default=e2e.fp8_default.top1_agreement,
+        top1_agreement_calibrated=e2e.fp8_calibrated.top1_agreement,
         duration_seconds=round(time.perf_counter() - started, 2),
         artifact=str(config.out),
+        longest_sample_tokens=lengths.longest_sample_tokens,
+        served_context_tokens=lengths.served_context_tokens,
+        context_warning=lengths.warning,
     )
     return R.Report(
         provenance=provenance,
         scales=scales,
         layers=layers,
-        end_to_end=R.EndToEnd(
-            tokens=result.metrics["bf16"].tokens,
-            rounding=config.rounding,
-            bf16=variant("bf16"),
-            fp8_default=variant("fp8-default"),
-            fp8_calibrated=variant("fp8-calibrated"),
-        ),
+        end_to_end=e2e,
         holdout_clip_rate=clip,
+        length_coverage=lengths,
         sensitive_layers=sensitive_layers(layers, config.strategy),
         timings_seconds=dict(timer.seconds),
         summary=summary,

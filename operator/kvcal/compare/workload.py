@@ -7,7 +7,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from kvcal.probes import Probe, builtin_suite
+from kvcal.probes import Probe, builtin_suite, needle_length_for
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def load_holdout(path: Path | None, max_chars: int, limit: int) -> list[HoldoutI
 
 def needle_lengths(max_model_len: int) -> list[int]:
     """Powers of two from 512, and one close to the model's limit (leaving room for the question and answer)."""
-    top = int(max_model_len * 0.85)
+    top = needle_length_for(max_model_len)
     lengths = [n for n in (512, 1024, 2048, 4096, 8192, 16384, 32768) if n < top * 0.9]
     return [*lengths, top]
 

@@ -10,6 +10,7 @@ from typing import Any
 from kvcal.core.analysis import assess_run
 from kvcal.core.capacity import capacity_status, with_capacity
 from kvcal.core.conditions import CONDITION_TYPES, get_condition, set_condition
+from kvcal.core.context import served_context
 from kvcal.core.drain import drain_step
 from kvcal.core.events import history_event
 from kvcal.core.manifests import (
@@ -215,7 +216,7 @@ def _pending(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> None
     if job is None:
         try:
             draft.do(
-                Create(build_calibration_configmap(draft.obs.owner, spec, current_hash)),
+                Create(build_calibration_configmap(draft.obs.owner, spec, current_hash, _served_context(draft, spec))),
                 Create(build_calibration_job(draft.obs.owner, spec, current_hash)),
             )
         except ValueError as e:
@@ -227,11 +228,15 @@ def _pending(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> None
     draft.update(message=f"calibration Job {name} is running")  # what the next passes say: no second write
 
 
+def _served_context(draft: Builder, spec: KVCalibrationSpec) -> int | None:
+    return served_context(draft.obs.baseline, spec.serving.baseline.container)
+
+
 def _calibrating(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> None:
     job = draft.obs.calibration_job
     if job is None:
         draft.do(
-            Create(build_calibration_configmap(draft.obs.owner, spec, current_hash)),
+            Create(build_calibration_configmap(draft.obs.owner, spec, current_hash, _served_context(draft, spec))),
             Create(build_calibration_job(draft.obs.owner, spec, current_hash)),
         )
         draft.wait("calibration Job missing: re-created it")
@@ -258,6 +263,8 @@ def _calibrating(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> 
         fail(draft, "CalibrationFailed", f"calibration Job {job.name} succeeded but its summary is unreadable: {e}")
         return
     draft.update(calibration=calibration)
+    if calibration.context_warning:
+        draft.event("Warning", "CalibrationContextShort", calibration.context_warning)
     draft.condition("Calibrated", "True", "JobSucceeded", _calibration_message(calibration))
     draft.move(Phase.VERIFYING, "Calibrated", _calibration_message(calibration))
 
@@ -266,6 +273,8 @@ def _calibration_message(c: CalibrationStatus) -> str:
     parts = [f"{c.samples} samples, {c.tokens} tokens", f"kScaleMax {c.k_scale_max}, vScaleMax {c.v_scale_max}"]
     if c.top1_agreement_calibrated is not None:
         parts.append(f"top-1 agreement {c.top1_agreement_default} (default) -> {c.top1_agreement_calibrated}")
+    if c.context_warning:
+        parts.append(f"warning: {c.context_warning}")
     return "; ".join(parts)
 
 

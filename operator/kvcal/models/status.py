@@ -72,6 +72,9 @@ CALIBRATION_SUMMARY_FIELDS = frozenset(
         "top1AgreementDefault",
         "top1AgreementCalibrated",
         "durationSeconds",
+        "longestSampleTokens",
+        "servedContextTokens",
+        "contextWarning",
     }
 )
 
@@ -91,6 +94,9 @@ class CalibrationStatus(Model):
     top1_agreement_default: float | None = None
     top1_agreement_calibrated: float | None = None
     duration_seconds: float | None = None
+    longest_sample_tokens: int | None = None
+    served_context_tokens: int | None = None
+    context_warning: str | None = None  # the calibration stops far below the served context (calibrator's rule)
     message: str | None = None
     calibrator_image: str | None = None  # provenance: the image that computed the scales (spec's or the default)
 

@@ -13,9 +13,21 @@ from pydantic import ValidationError
 
 from kvcal.probes.schema import Probe, Suite
 
-__all__ = ["Probe", "Suite", "SuiteError", "builtin_suite", "needle_probes", "parse_suite", "suite_from_configmap"]
+__all__ = [
+    "Probe",
+    "Suite",
+    "SuiteError",
+    "at_served_context",
+    "builtin_suite",
+    "needle_length_for",
+    "needle_probes",
+    "parse_suite",
+    "suite_from_configmap",
+]
 
 CONFIGMAP_KEY = "suite.yaml"
+# A needle at this share of the served context leaves room for the chat template, the question and the answer.
+NEEDLE_CONTEXT_SHARE = 0.85
 
 
 class SuiteError(ValueError):
@@ -51,14 +63,34 @@ def needle_probes(spec: dict[str, Any] | None = None) -> list[Probe]:
     return probes
 
 
-def builtin_suite(context_tokens: list[int] | None = None) -> Suite:
+def needle_length_for(max_model_len: int) -> int:
+    """Haystack length of the needle probe at the longest context a server serves (its --max-model-len)."""
+    return int(max_model_len * NEEDLE_CONTEXT_SHARE)
+
+
+def builtin_suite(context_tokens: list[int] | None = None, max_model_len: int | None = None) -> Suite:
     """Exact-match QA, arithmetic, code and needle probes; ``context_tokens`` overrides the needle lengths
-    (a server with a short --max-model-len needs shorter haystacks)."""
+    (a server with a short --max-model-len needs shorter haystacks); ``max_model_len`` adds a needle at the longest
+    context served (see at_served_context)."""
     base = _data("builtin.json")
     needle = _data("needle.json")
     if context_tokens is not None:
         needle["contextTokens"] = context_tokens
     suite = Suite.model_validate(base)
+    suite = suite.model_copy(update={"probes": [*suite.probes, *needle_probes(needle)]})
+    return at_served_context(suite, max_model_len)
+
+
+def at_served_context(suite: Suite, max_model_len: int | None) -> Suite:
+    """The suite plus needle probes at the longest context the server serves, when the suite asks for them
+    (needleAtServedContext) and that length is known: calibration data rarely reaches it, so it is checked here."""
+    if not suite.needle_at_served_context or not max_model_len:
+        return suite
+    length = needle_length_for(max_model_len)
+    if any(p.kind == "needle" and p.context_tokens == length for p in suite.probes):
+        return suite
+    needle = _data("needle.json")
+    needle["contextTokens"] = [length]
     return suite.model_copy(update={"probes": [*suite.probes, *needle_probes(needle)]})
 
 

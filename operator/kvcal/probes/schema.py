@@ -41,6 +41,10 @@ class Suite(Model):
     name: str = Field(min_length=1)
     version: int = 1
     probes: list[Probe] = Field(min_length=1)
+    needle_at_served_context: bool = Field(
+        default=False,
+        description="Also probe a needle at the longest context each run's servers serve (/v1/models max_model_len)",
+    )
 
     @model_validator(mode="after")
     def _unique_ids(self) -> "Suite":

@@ -42,11 +42,12 @@ def checkpoint_location(spec: KVCalibrationSpec) -> Location:
     return locate(spec.calibration.output, field="spec.calibration.output")
 
 
-def calibration_config(spec: KVCalibrationSpec) -> dict[str, Any]:
+def calibration_config(spec: KVCalibrationSpec, max_model_len: int | None = None) -> dict[str, Any]:
     """The calibrator's config file (camelCase kvcal.calibrator.config.CalibrationConfig) with in-container paths.
 
     force: a retried pod (backoffLimit) finds the previous attempt's partial output; the output path belongs to
     this calibration, so it is replaced. The data format (chat or text) is detected by the calibrator per record.
+    max_model_len: the baseline's --max-model-len, for the length coverage (else the calibrator uses the model's).
     """
     model, dataset, output = _locations(spec)
     cal = spec.calibration
@@ -62,12 +63,14 @@ def calibration_config(spec: KVCalibrationSpec) -> dict[str, Any]:
         "observer": cal.observer,
         "pipeline": cal.pipeline,
         "force": True,
-    }
+    } | ({"maxModelLen": max_model_len} if max_model_len else {})
 
 
-def build_calibration_configmap(owner: Owner, spec: KVCalibrationSpec, spec_hash: str) -> Manifest:
+def build_calibration_configmap(
+    owner: Owner, spec: KVCalibrationSpec, spec_hash: str, max_model_len: int | None = None
+) -> Manifest:
     name = calibration_job_name(owner.name, spec_hash)
-    config = calibration_config(spec)
+    config = calibration_config(spec, max_model_len)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
