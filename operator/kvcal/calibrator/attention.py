@@ -2,10 +2,9 @@
 
 llm-compressor forces eager attention for every calibration pipeline: its sequential pipeline needs it (the traced
 graph adds the causal mask unconditionally). Eager materialises a heads x tokens x tokens score matrix, so its time and
-memory grow with the square of the sample length: at 2 x 2,048 tokens (demo model, 2 CPU cores) the oneshot took
-2.1x as long as with the model's own attention (sdpa), and the shipped path took 3.6x a plain forward at 4,096-token
-samples. The basic pipeline has no traced graph, so kvcal keeps the model's attention there; the K/V llm-compressor
-observes are then those of a plain forward pass, bit for bit (tests/integration/test_calib_speed.py).
+memory grow with the square of the sample length (benchmarks/bench_calibrate.py measures both paths at 4,096 and
+8,192 tokens per sample). The basic pipeline has no traced graph, so kvcal keeps the model's attention there; the K/V
+llm-compressor observes are then those of a plain forward pass, bit for bit (tests/integration/test_calib_speed.py).
 """
 
 from collections.abc import Iterator
