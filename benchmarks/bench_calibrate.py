@@ -1,27 +1,52 @@
-"""Benchmark `kvcal calibrate` on the demo model against a plain BF16 forward pass over exactly the same tokens and
-a bare llm-compressor `oneshot`, all in one process; optionally measure basic vs sequential pipelines and observers.
+"""Benchmark `kvcal calibrate` on the demo model against a plain BF16 forward pass over exactly the same calibration
+tokens, at the bundled prompts' lengths and at long context; time and peak RSS, one subprocess per measurement.
 
-    python benchmarks/bench_calibrate.py [--samples 16] [--max-seq-length 512] [--holdout-samples 4]
-                                         [--compare-pipelines] [--compare-observers]
+    python benchmarks/bench_calibrate.py [--samples 16|0] [--max-seq-length 512] [--holdout-samples 4]
+                                         [--long-lengths 4096,8192] [--long-samples 1] [--no-before]
+                                         [--compare-pipelines] [--compare-observers] [--json FILE]
+
+Rows: the bundled prompts (--samples of them, cut at --max-seq-length, --holdout-samples held-out ones), then for
+each long length L, --long-samples samples of exactly L tokens (bundled calibration text run together) with one
+held-out sample of L/8 tokens (bundled held-out text; the operator's default holdoutFraction is 0.1).
+Per row, each in its own process: a plain forward (with the LM head, as the model's own forward runs) before and
+after (the smaller time is the reference: a shared machine's load drifts), the bare llm-compressor oneshot as it ships
+(eager attention) and as kvcal runs it (the model's attention), `kvcal calibrate` (everything, with its held-out
+report) and, unless --no-before, `kvcal calibrate` as it ran before keeping the model's attention (eager).
+Peak RSS is the child's ru_maxrss from wait4: the process' whole high-water mark, imports and model included.
 """
 
 import argparse
 import json
 import logging
 import os
+import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from kvcal.calibrator.config import CalibrationConfig
 from kvcal.calibrator.data import Sample
 from kvcal.calibrator.recipe import read_scales, run_oneshot
-from kvcal.calibrator.run import calibrate, plan_data
 from kvcal.calibrator.taps import Tap, attach, detach
 from kvcal.demo import CALIBRATION_SET, HOLDOUT_SET, demo_model_dir
+
+HOLDOUT_SHARE = 8  # long rows: one held-out sample of L / 8 tokens
+MEASUREMENTS = {
+    "plain": "plain BF16 forward (calibration)",
+    "oneshot-eager": "bare oneshot, eager (as llm-compressor ships)",
+    "oneshot": "bare oneshot, model attention (kvcal)",
+    "calibrate": "kvcal calibrate (all, with report)",
+    "calibrate-before": "kvcal calibrate before (eager oneshot)",
+}
+
+
+def threads() -> int:
+    return int(os.environ.get("KVCAL_THREADS", "2"))
 
 
 def load(model_dir: Path) -> torch.nn.Module:
@@ -29,6 +54,15 @@ def load(model_dir: Path) -> torch.nn.Module:
 
     model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
     return model.eval()
+
+
+def calibration_samples(config: CalibrationConfig) -> tuple[list[Sample], list[Sample]]:
+    from transformers import AutoTokenizer
+
+    from kvcal.calibrator.run import plan_data
+
+    plan = plan_data(config, AutoTokenizer.from_pretrained(config.model_dir))
+    return plan.calibration, plan.holdout
 
 
 def plain_forward(model: torch.nn.Module, samples: list[Sample]) -> float:
@@ -39,14 +73,134 @@ def plain_forward(model: torch.nn.Module, samples: list[Sample]) -> float:
     return time.perf_counter() - t
 
 
+def measure(kind: str, config: CalibrationConfig) -> dict[str, Any]:
+    """One measurement, in this (child) process; returns seconds (and extras)."""
+    torch.set_num_threads(threads())
+    if kind == "plain":
+        samples, _ = calibration_samples(config)
+        model = load(config.model_dir)
+        plain_forward(model, [Sample("warm-up", "text", samples[0].input_ids[:16], 16)])
+        return {"seconds": plain_forward(model, samples)}
+    if kind in ("oneshot", "oneshot-eager"):
+        from kvcal.calibrator.attention import model_attention
+
+        samples, _ = calibration_samples(config)
+        model = load(config.model_dir)
+        t = time.perf_counter()
+        with model_attention("basic") if kind == "oneshot" else nullcontext():
+            run_oneshot(model, samples, "tensor", "static_minmax", "basic")
+        return {"seconds": time.perf_counter() - t}
+    from kvcal.calibrator import run
+
+    if kind == "calibrate-before":  # the code before kvcal kept the model's attention: no model_attention context
+        run.model_attention = lambda _pipeline: nullcontext()  # type: ignore[assignment,misc]
+    report = run.calibrate(config)
+    return {"seconds": report.summary.duration_seconds, "steps": report.timings_seconds}
+
+
+def child(kind: str, config: CalibrationConfig) -> dict[str, Any]:
+    """Run `measure(kind)` in a fresh process; its result plus the process' peak RSS (MiB)."""
+    cmd = [sys.executable, __file__, "--measure", kind, "--config", config.model_dump_json(by_alias=True)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{kind}: exit {proc.returncode}: {out[-2000:]}")
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    result["rssMiB"] = usage.ru_maxrss / 1024  # Linux: KiB
+    return result
+
+
+def text_records(source: Path, tokens_per_record: int, records: int, path: Path) -> Path:
+    """`records` {"text": ...} lines of at least `tokens_per_record` tokens: the rendered bundled records run
+    together (wrapping around), decoded back to text."""
+    from transformers import AutoTokenizer
+
+    from kvcal.calibrator import data as D
+
+    tokenizer = AutoTokenizer.from_pretrained(demo_model_dir())
+    stream: list[int] = []
+    for record in D.read_records(source):
+        stream.extend(D.render(record, tokenizer))
+    need = tokens_per_record + 64  # decoding and re-encoding may merge a few tokens; truncation cuts the rest
+    lines = []
+    for i in range(records):
+        chunk = [stream[(i * need + j) % len(stream)] for j in range(need)]
+        lines.append(json.dumps({"text": tokenizer.decode(chunk, skip_special_tokens=True)}))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def run_row(config: CalibrationConfig, before: bool) -> dict[str, Any]:
+    cal, hold = calibration_samples(config)
+    row: dict[str, Any] = {
+        "samples": len(cal),
+        "maxSeqLength": config.max_seq_length,
+        "tokens": sum(len(s.input_ids) for s in cal),
+        "holdoutTokens": sum(len(s.input_ids) for s in hold),
+    }
+    kinds = ["plain", "oneshot-eager", "oneshot", "calibrate", *(["calibrate-before"] if before else []), "plain"]
+    results: dict[str, list[dict[str, Any]]] = {}
+    for kind in kinds:
+        results.setdefault(kind, []).append(child(kind, config))
+        print(f"  {kind}: {results[kind][-1]['seconds']:.1f} s, {results[kind][-1]['rssMiB']:.0f} MiB", flush=True)
+    plain = min(results["plain"], key=lambda r: float(r["seconds"]))
+    row["measurements"] = {kind: (plain if kind == "plain" else rs[0]) for kind, rs in results.items()}
+    row["plainSeconds"] = [r["seconds"] for r in results["plain"]]
+    return row
+
+
+def print_row(row: dict[str, Any]) -> None:
+    m = row["measurements"]
+    fwd, rss = float(m["plain"]["seconds"]), float(m["plain"]["rssMiB"])
+    print(
+        f"\n{row['samples']} calibration samples x <= {row['maxSeqLength']} tokens = {row['tokens']} tokens, "
+        f"holdout {row['holdoutTokens']} tokens, {threads()} threads "
+        f"(plain forward before/after: {' / '.join(f'{s:.1f}' for s in row['plainSeconds'])} s)"
+    )
+    print(f"{'step':<48}{'seconds':>9}{'x plain fwd':>13}{'peak RSS MiB':>14}{'x plain RSS':>13}")
+    for kind, name in MEASUREMENTS.items():
+        if kind in m:
+            s, r = float(m[kind]["seconds"]), float(m[kind]["rssMiB"])
+            print(f"{name:<48}{s:>9.1f}{s / fwd:>13.2f}{r:>14.0f}{r / rss:>13.2f}")
+    steps = m["calibrate"]["steps"]
+    print("kvcal calibrate, where the time goes: " + ", ".join(f"{k} {v:.1f}s" for k, v in steps.items()))
+
+
+def ratio(measurements: dict[str, Any], kind: str, key: str, reference: float) -> str:
+    return f"{float(measurements[kind][key]) / reference:.2f}" if kind in measurements else "-"
+
+
+def print_summary(rows: list[dict[str, Any]]) -> None:
+    print("\nsummary (x = ratio to the plain forward of the same row, measured side by side)")
+    print(
+        f"{'tokens/sample':>14}{'samples':>9}{'plain s':>9}{'eager oneshot x':>17}{'kvcal oneshot x':>17}"
+        f"{'calibrate x':>13}{'before x':>10}{'calibrate RSS x':>17}{'before RSS x':>14}"
+    )
+    for row in rows:
+        m = row["measurements"]
+        fwd, rss = float(m["plain"]["seconds"]), float(m["plain"]["rssMiB"])
+        print(
+            f"{row['maxSeqLength']:>14}{row['samples']:>9}{fwd:>9.1f}{ratio(m, 'oneshot-eager', 'seconds', fwd):>17}"
+            f"{ratio(m, 'oneshot', 'seconds', fwd):>17}{ratio(m, 'calibrate', 'seconds', fwd):>13}"
+            f"{ratio(m, 'calibrate-before', 'seconds', fwd):>10}{ratio(m, 'calibrate', 'rssMiB', rss):>17}"
+            f"{ratio(m, 'calibrate-before', 'rssMiB', rss):>14}"
+        )
+
+
 def oneshot_with_taps(
     model_dir: Path, samples: list[Sample], pipeline: str, observer: str
 ) -> tuple[float, dict[str, list[torch.Tensor]], Tap]:
+    from kvcal.calibrator.attention import model_attention
+
     model = load(model_dir)
     tap = Tap(heads=3)
     handles = attach(model, tap)
     t = time.perf_counter()
-    run_oneshot(model, samples, "tensor", observer, pipeline)
+    with model_attention(pipeline):
+        run_oneshot(model, samples, "tensor", observer, pipeline)
     seconds = time.perf_counter() - t
     detach(handles)
     return seconds, read_scales(model), tap
@@ -61,97 +215,81 @@ def observed_over_true(scales: dict[str, list[torch.Tensor]], tap: Tap) -> dict[
     return out
 
 
+def compare(config: CalibrationConfig, pipelines: bool, observers: bool) -> None:
+    """In-process extras on the bundled row: pipelines (time, identical scales) and observers (clipping)."""
+    torch.set_num_threads(threads())
+    samples, _ = calibration_samples(config)
+    if pipelines:
+        basic_seconds, basic, _ = oneshot_with_taps(config.model_dir, samples, "basic", "static_minmax")
+        seq_seconds, seq, _ = oneshot_with_taps(config.model_dir, samples, "sequential", "static_minmax")
+        same = all(torch.equal(a, b) for kind in ("k", "v") for a, b in zip(basic[kind], seq[kind], strict=True))
+        print(f"\noneshot basic {basic_seconds:.1f} s, sequential {seq_seconds:.1f} s; scales bit-identical: {same}")
+    if observers:
+        for observer in ("static_minmax", "minmax", "mse"):
+            _, scales, tap = oneshot_with_taps(config.model_dir, samples, "basic", observer)
+            kv = observed_over_true(scales, tap)
+            print(
+                f"observer {observer:<14} scale*448/true max  K min {kv['k'][0]:.3f} mean {kv['k'][1]:.3f}   "
+                f"V min {kv['v'][0]:.3f} mean {kv['v'][1]:.3f}"
+            )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--samples", type=int, default=16)
+    ap.add_argument("--samples", type=int, default=16, help="bundled prompts; 0: long rows only")
     ap.add_argument("--max-seq-length", type=int, default=512)
     ap.add_argument("--holdout-samples", type=int, default=4)
+    ap.add_argument("--long-lengths", default="4096,8192", help="comma-separated tokens per sample; '' for none")
+    ap.add_argument("--long-samples", type=int, default=1)
+    ap.add_argument("--no-before", action="store_true", help="skip `kvcal calibrate` as it ran before (eager)")
     ap.add_argument("--compare-pipelines", action="store_true")
     ap.add_argument("--compare-observers", action="store_true")
     ap.add_argument("--json", type=Path, help="also write the numbers here")
+    ap.add_argument("--measure", choices=sorted(MEASUREMENTS), help=argparse.SUPPRESS)
+    ap.add_argument("--config", help=argparse.SUPPRESS)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    torch.set_num_threads(int(os.environ.get("KVCAL_THREADS", "2")))
+    if args.measure:
+        print(json.dumps(measure(args.measure, CalibrationConfig.model_validate_json(args.config)), default=str))
+        return 0
     model_dir = demo_model_dir()
-    out = Path(tempfile.mkdtemp(prefix="kvcal-bench-"))
-    config = CalibrationConfig(
-        model_dir=model_dir,
-        data=CALIBRATION_SET,
-        holdout_data=HOLDOUT_SET,
-        out=out / "ckpt",
-        samples=args.samples,
-        max_seq_length=args.max_seq_length,
-        holdout_samples=args.holdout_samples,
-        pipeline="basic",
-        plots=True,
-    )
-    from transformers import AutoTokenizer
-
-    plan = plan_data(config, AutoTokenizer.from_pretrained(model_dir))
-    cal_tokens = sum(len(s.input_ids) for s in plan.calibration)
-    hold_tokens = sum(len(s.input_ids) for s in plan.holdout)
-    r: dict[str, object] = {"samples": len(plan.calibration), "tokens": cal_tokens, "holdoutTokens": hold_tokens}
-    model = load(model_dir)
-    plain_forward(model, plan.calibration[:1])  # warm-up
-    r["plainForward"] = plain_forward(model, plan.calibration)
-    r["plainForwardHoldout"] = plain_forward(model, plan.holdout)
-    del model
-    t = time.perf_counter()
-    bare = load(model_dir)
-    run_oneshot(bare, plan.calibration, "tensor", "static_minmax", "basic")
-    r["bareOneshotBasic"] = time.perf_counter() - t
-    basic_scales = read_scales(bare)
-    del bare
-    report = calibrate(config)
-    r["kvcalCalibrate"] = report.summary.duration_seconds
-    r["kvcalSteps"] = report.timings_seconds
-    model = load(model_dir)  # again: a shared machine's load drifts, the smaller of the two is the reference
-    r["plainForwardAgain"] = plain_forward(model, plan.calibration)
-    r["plainForwardHoldoutAgain"] = plain_forward(model, plan.holdout)
-    del model
-    if args.compare_pipelines:
-        seconds, seq_scales, _ = oneshot_with_taps(model_dir, plan.calibration, "sequential", "static_minmax")
-        r["oneshotSequential"] = seconds
-        r["sequentialScalesEqualBasic"] = all(
-            torch.equal(a, b) for kind in ("k", "v") for a, b in zip(basic_scales[kind], seq_scales[kind], strict=True)
-        )
-    if args.compare_observers:
-        ratios = {}
-        for observer in ("static_minmax", "minmax", "mse"):
-            _, scales, tap = oneshot_with_taps(model_dir, plan.calibration, "basic", observer)
-            ratios[observer] = observed_over_true(scales, tap)
-        r["observerScaleOverTrueMax"] = ratios
-    fwd = min(float(r["plainForward"]), float(r["plainForwardAgain"]))  # type: ignore[arg-type]
-    both = fwd + min(float(r["plainForwardHoldout"]), float(r["plainForwardHoldoutAgain"]))  # type: ignore[arg-type]
-    print(f"plain forward before/after: {r['plainForward']:.1f} s / {r['plainForwardAgain']:.1f} s")
-    print(
-        f"\n{r['samples']} calibration samples / {cal_tokens} tokens, holdout {hold_tokens} tokens, "
-        f"{torch.get_num_threads()} threads"
-    )
-    print(f"{'step':<38}{'seconds':>10}{'x plain fwd':>14}{'x fwd cal+holdout':>20}")
-    rows = [
-        ("plain BF16 forward (calibration)", fwd),
-        ("bare oneshot (basic pipeline)", r["bareOneshotBasic"]),
-        ("kvcal calibrate (all, with report)", r["kvcalCalibrate"]),
-    ]
-    if "oneshotSequential" in r:
-        rows.append(("oneshot sequential (with taps)", r["oneshotSequential"]))
-    for name, sec in rows:
-        s = float(sec)  # type: ignore[arg-type]
-        print(f"{name:<38}{s:>10.1f}{s / fwd:>14.2f}{s / both:>20.2f}")
-    print(
-        "kvcal calibrate, where the time goes: " + ", ".join(f"{k} {v:.1f}s" for k, v in report.timings_seconds.items())
-    )
-    if "sequentialScalesEqualBasic" in r:
-        print(f"sequential scales bit-identical to basic: {r['sequentialScalesEqualBasic']}")
-    if "observerScaleOverTrueMax" in r:
-        for obs, kv in r["observerScaleOverTrueMax"].items():  # type: ignore[attr-defined]
-            print(
-                f"observer {obs:<14} scale*448/true max  K min {kv['k'][0]:.3f} mean {kv['k'][1]:.3f}   "
-                f"V min {kv['v'][0]:.3f} mean {kv['v'][1]:.3f}"
+    work = Path(tempfile.mkdtemp(prefix="kvcal-bench-"))
+    common: dict[str, Any] = {"model_dir": model_dir, "pipeline": "basic", "plots": True, "force": True}
+    configs = []
+    if args.samples > 0:  # --samples 0: long rows only
+        configs.append(
+            CalibrationConfig(
+                data=CALIBRATION_SET,
+                holdout_data=HOLDOUT_SET,
+                out=work / "bundled",
+                samples=args.samples,
+                max_seq_length=args.max_seq_length,
+                holdout_samples=args.holdout_samples,
+                **common,
             )
+        )
+    for length in [int(x) for x in args.long_lengths.split(",") if x.strip()]:
+        configs.append(
+            CalibrationConfig(
+                data=text_records(CALIBRATION_SET, length, args.long_samples, work / f"cal-{length}.jsonl"),
+                holdout_data=text_records(HOLDOUT_SET, length // HOLDOUT_SHARE, 1, work / f"hold-{length}.jsonl"),
+                out=work / f"long-{length}",
+                samples=args.long_samples,
+                max_seq_length=length,
+                **common,
+            )
+        )
+    rows = []
+    for config in configs:
+        print(f"row: <= {config.max_seq_length} tokens per sample", flush=True)
+        rows.append(run_row(config, before=not args.no_before))
+    for row in rows:
+        print_row(row)
+    print_summary(rows)
+    if (args.compare_pipelines or args.compare_observers) and args.samples > 0:
+        compare(configs[0], args.compare_pipelines, args.compare_observers)
     if args.json:
-        args.json.write_text(json.dumps(r, indent=1, default=str))
+        args.json.write_text(json.dumps(rows, indent=1, default=str))
     return 0
 
 

@@ -15,6 +15,7 @@ import torch
 
 from kvcal.calibrator import data as D
 from kvcal.calibrator import report as R
+from kvcal.calibrator.attention import model_attention
 from kvcal.calibrator.config import CalibrationConfig
 from kvcal.calibrator.coverage import LengthCoverage, length_coverage
 from kvcal.calibrator.evaluate import HoldoutResult, ScaleSet, evaluate_holdout, per_head_scales, per_tensor_scales
@@ -293,7 +294,7 @@ def calibrate(config: CalibrationConfig) -> R.Report:
     calib_tap = Tap(info.kv_heads)
     handles = attach(model, calib_tap)
     try:
-        with timer.step("calibrate (llm-compressor oneshot)"):
+        with timer.step("calibrate (llm-compressor oneshot)"), model_attention(pipeline):
             run_oneshot(model, plan.calibration, config.compressor_strategy, config.compressor_observer, pipeline)
     finally:
         detach(handles)
