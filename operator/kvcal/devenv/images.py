@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,11 +75,14 @@ def build_command(
     return [*argv, str(context)]
 
 
-def run_build(name: str, argv: Sequence[str], log: Path | None = None, echo: bool = False) -> None:
+def run_build(
+    name: str, argv: Sequence[str], log: Path | None = None, echo: bool = False, env: Mapping[str, str] | None = None
+) -> None:
     """Run one build, remembering the last step started; raise ImageBuildError naming it when the build fails."""
     step: str | None = None
     tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+    popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env)
+    with popen as proc:
         assert proc.stdout is not None
         with open(log or "/dev/null", "a") as sink:
             for line in proc.stdout:
@@ -94,9 +97,10 @@ def run_build(name: str, argv: Sequence[str], log: Path | None = None, echo: boo
         raise ImageBuildError(name, step, proc.returncode, tail)
 
 
-def image_size(engine: str, tag: str) -> int:
+def image_size(engine: str, tag: str, env: Mapping[str, str] | None = None) -> int:
     fmt = "{{.Size}}"
-    out = subprocess.run([engine, "image", "inspect", "--format", fmt, tag], capture_output=True, text=True)
+    argv = [engine, "image", "inspect", "--format", fmt, tag]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env)
     return int(out.stdout.strip() or 0) if out.returncode == 0 else 0
 
 
@@ -108,11 +112,12 @@ def build(
     dockerfile: Path | None = None,
     log: Path | None = None,
     echo: bool = False,
+    env: Mapping[str, str] | None = None,
 ) -> Built:
     started = time.monotonic()
     argv = build_command(engine, dockerfile or image.dockerfile(repo), image.tag, repo, pull)
-    run_build(image.name, argv, log, echo)
-    return Built(image, time.monotonic() - started, image_size(engine, image.tag))
+    run_build(image.name, argv, log, echo, env)
+    return Built(image, time.monotonic() - started, image_size(engine, image.tag, env))
 
 
 def table(built: Sequence[Built]) -> str:
