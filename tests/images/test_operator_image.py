@@ -112,9 +112,7 @@ def test_operator_image_takes_a_kvcalibration_to_calibrating(
             network_host=True,
         )
         wait_running(operator, lambda: healthz(health_port), 60, "the operator's /healthz (the chart's probes)")
-        control_plane.kubectl(
-            "create", "configmap", "prompts", "-n", namespace, "--from-literal=prompts.jsonl={}"
-        )
+        control_plane.kubectl("create", "configmap", "prompts", "-n", namespace, "--from-literal=prompts.jsonl={}")
         control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(kvcalibration("smollm2")))
 
         def calibrating() -> dict[str, Any] | None:

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,6 +66,9 @@ class Podman:
 
     def build(self, name: str, dockerfile: Path | None = None, log: Path | None = None) -> Built:
         """Build images/NAME (or another Dockerfile under its tag) with the layer cache; bases are never pulled."""
+        if name == "verifier":  # its base, vllm/vllm-openai, is the harness's stand-in made from the vllm-cpu image
+            self.build("vllm-cpu")
+            harness("vllm-openai")
         return build(IMAGES[name], pull="never", dockerfile=dockerfile, log=log, env=self.env)
 
     def run(
@@ -77,13 +81,17 @@ class Podman:
         mounts: Sequence[tuple[Path, str, str]] = (),
         read_only: bool = True,
         network_host: bool = False,
+        user: str = NON_ROOT,
+        tmp: bool = True,
         extra: Sequence[str] = (),
     ) -> Container:
         """Start a detached container the way the chart's pods run: user 65532, no capabilities, no privilege
-        escalation, read-only root filesystem with a writable /tmp (the chart's emptyDir). mounts: (host, path, mode)."""
+        escalation, read-only root filesystem with a writable /tmp (the chart's emptyDir).
+        mounts: (host folder, path in the container, "ro" or "rw")."""
         name = f"kvcal-test-{uuid.uuid4().hex[:10]}"
-        argv = ["run", "-d", "--name", name, "--user", NON_ROOT, "--cap-drop", "ALL"]
-        argv += ["--security-opt", "no-new-privileges", "--tmpfs", "/tmp:rw,mode=1777"]
+        argv = ["run", "-d", "--name", name, "--user", user, "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+        if tmp:
+            argv += ["--tmpfs", "/tmp:rw,mode=1777"]
         if read_only:
             argv.append("--read-only")
         if network_host:
@@ -110,3 +118,49 @@ def podman() -> Iterator[Podman]:
     finally:
         for container in engine.containers:
             container.remove()
+
+
+@dataclass(frozen=True)
+class PodRun:
+    exit_code: int
+    termination_message: str  # what the kubelet reports: the file at terminationMessagePath
+    logs: str
+
+
+def run_job_pod(
+    podman: Podman, job: dict[str, Any], volume_dirs: dict[str, Path], workdir: Path, timeout: float
+) -> PodRun:
+    """Run the first container of a Job the operator built, in its image, as a kubelet would: its command, args and
+    env, its volumeMounts at their own paths (volume_dirs: volume name -> host folder for PVC and ConfigMap volumes;
+    emptyDir is a tmpfs), subPath, readOnly, the pod's runAsUser and the container's readOnlyRootFilesystem, and the
+    terminationMessagePath backed by a host file."""
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"][:1]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    termination = workdir / "termination-log"
+    termination.write_text("")
+    termination.chmod(0o666)
+    mounts: list[tuple[Path, str, str]] = [(termination, container["terminationMessagePath"], "rw")]
+    tmpfs: list[str] = []
+    for mount in container.get("volumeMounts") or []:
+        if "emptyDir" in volumes[mount["name"]]:
+            tmpfs += ["--tmpfs", f"{mount['mountPath']}:rw,mode=1777"]
+            continue
+        host = volume_dirs[mount["name"]] / mount.get("subPath", "")
+        host.mkdir(parents=True, exist_ok=True)  # kubelet creates a missing subPath
+        mounts.append((host, mount["mountPath"], "ro" if mount.get("readOnly") else "rw"))
+    security = container.get("securityContext") or {}
+    user = pod.get("securityContext", {}).get("runAsUser", 65532)
+    started = podman.run(
+        container["image"],
+        container.get("args") or [],
+        entrypoint=container.get("command"),
+        env={e["name"]: e["value"] for e in container.get("env") or [] if "value" in e},
+        mounts=mounts,
+        read_only=bool(security.get("readOnlyRootFilesystem")),
+        user=f"{user}:{user}",
+        tmp=False,  # /tmp is whatever the pod mounts there
+        extra=tmpfs,
+    )
+    exit_code = started.wait(timeout)
+    return PodRun(exit_code, termination.read_text(), started.logs())
