@@ -123,8 +123,9 @@ def test_vllm_cpu_image_serves_with_an_fp8_kv_cache(
     assert calibration.exit_code == 0, "needs the calibrator image's checkpoint"
     podman.build("vllm-cpu")
     port = free_port()
-    # As docs/local-trial/smollm2.yaml runs it (user 65532, the model on a volume), with the canary's FP8 KV flag;
-    # --enforce-eager skips torch.compile's minutes of warm-up on 2 cores.
+    # As docs/local-trial/smollm2.yaml runs it (user 65532, the model on a volume, a 1 GiB /dev/shm: vLLM's engine
+    # queue needs 160 MiB, the runtime's default is 64 MiB), with the canary's FP8 KV flag; --enforce-eager skips
+    # torch.compile's minutes of warm-up on 2 cores.
     args = ["/models/smollm2-fp8kv", "--served-model-name", "smollm2", "--dtype", "bfloat16", "--max-model-len", "512"]
     args += ["--kv-cache-dtype", "fp8", "--host", "127.0.0.1", "--port", str(port), "--enforce-eager"]
     server = podman.run(
@@ -133,6 +134,7 @@ def test_vllm_cpu_image_serves_with_an_fp8_kv_cache(
         mounts=[(models_pvc / "smollm2-fp8kv", "/models/smollm2-fp8kv", "ro")],
         read_only=False,
         network_host=True,
+        extra=["--shm-size", "1g"],
     )
     try:
         wait_until(lambda: http(f"http://127.0.0.1:{port}/health")[0] == 200, 900, "vllm-cpu image /health")
