@@ -31,7 +31,14 @@ from kvcal.models.status import CALIBRATION_SUMMARY_FIELDS, CalibrationStatus
 from tests.support.oci import Podman, PodRun, run_job_pod
 from tests.support.prometheus import wait_until
 
-pytestmark = [pytest.mark.images, pytest.mark.heavy_images, pytest.mark.model, pytest.mark.slow]
+# A cold build of these images alone takes 15-30 min on 2 cores: longer than the suite's per-test timeout.
+pytestmark = [
+    pytest.mark.images,
+    pytest.mark.heavy_images,
+    pytest.mark.model,
+    pytest.mark.slow,
+    pytest.mark.timeout(5400),
+]
 OWNER = Owner("smollm2", "llm", "0a1b2c3d-0000-4000-8000-000000000001")
 PROMPTS = Path(__file__).resolve().parents[2] / "operator" / "kvcal" / "data" / "calibration.jsonl"
 JOB_TIMEOUT = 1200.0  # the calibrator on 2 shared cores, or vLLM's start-up and read-back
