@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 PYTEST_ARGS ?=
 
-.PHONY: deps venv control-plane prometheus lint test test-fast demo compare cluster bench clean
+.PHONY: deps venv control-plane prometheus oci images lint test test-fast test-images demo compare cluster bench clean
 
 venv:
 	bash hack/setup-venv.sh
@@ -21,16 +21,34 @@ prometheus:
 	@command -v prometheus >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
 	@prometheus --version 2>&1 | head -1
 
-deps: venv control-plane prometheus
+# podman, buildah, debootstrap, runc from Debian (the image tests); hack/oci-harness.sh says why each is needed here.
+oci:
+	bash hack/oci-harness.sh packages
+	@podman --version
+
+# The four images from images/*/Dockerfile, with podman and this machine's stand-in bases (no registry here; the layer
+# cache and the bases live under $(KVCAL_CACHE)/oci). images/README.md: building anywhere else.
+images: oci venv
+	bash hack/oci-harness.sh bases
+	eval "$$(bash hack/oci-harness.sh env)" && $(PY) -m kvcal.devenv.images build operator calibrator vllm-cpu --pull never
+	bash hack/oci-harness.sh vllm-openai
+	eval "$$(bash hack/oci-harness.sh env)" && $(PY) -m kvcal.devenv.images build verifier --pull never
+
+deps: venv control-plane prometheus oci
 
 lint: venv
 	$(VENV)/bin/ruff check operator tests benchmarks
 	$(VENV)/bin/ruff format --check operator tests benchmarks
 	$(VENV)/bin/mypy
 
-# Installs everything (venv, Go-built control plane, prometheus) and runs every test.
+# Installs everything (venv, Go-built control plane, prometheus, podman) and runs every test (tests/images: the
+# operator image is built and run; the heavy images only in `make test-images`).
 test: deps lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The torch and vLLM images (calibrator, verifier, vllm-cpu), built and run; too slow cold for every `make test`.
+test-images: deps
+	KVCAL_HEAVY_IMAGES=1 $(PY) -m pytest tests/images $(PYTEST_ARGS)
 
 # Unit tests only (no cluster, no model).
 test-fast: venv

@@ -1,6 +1,6 @@
 """Session-wide fixtures. Each real component is started once per test session and shared:
 one control plane (tests/support/cluster.py), one demo calibration (tests/support/demo.py),
-one vLLM server (tests/support/vllm.py), one Prometheus (tests/support/prometheus.py)."""
+one vLLM server (tests/support/vllm.py), one Prometheus (tests/support/prometheus.py), podman (tests/support/oci.py)."""
 
 import os
 
@@ -12,4 +12,5 @@ pytest_plugins = [
     "tests.support.demo",
     "tests.support.vllm",
     "tests.support.prometheus",
+    "tests.support.oci",
 ]

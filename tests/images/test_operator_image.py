@@ -1,0 +1,132 @@
+"""The operator image, built from images/operator/Dockerfile, run as the chart's Deployment runs it: its command, args
+and env from `helm get manifest`, user 65532, read-only root filesystem, the chart's ServiceAccount token mounted where
+Kubernetes mounts it, against the dev control plane (host network: the API server listens on loopback). It must take
+a KVCalibration to Calibrating, i.e. create the calibration Job, under the chart's RBAC."""
+
+import base64
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kvcal.devenv.controlplane import free_port
+from kvcal.devenv.images import IMAGES
+from tests.support.chart import Release, helm, install_chart, release_name, uninstall_chart
+from tests.support.cluster import Cluster, wait_for
+from tests.support.oci import Container, Podman
+
+pytestmark = [pytest.mark.cluster, pytest.mark.images]
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def chart_container(control_plane: Cluster, release: Release) -> dict[str, Any]:
+    manifest = helm(control_plane, "get", "manifest", release.name, "--namespace", release.namespace).stdout
+    (deployment,) = [d for d in yaml.safe_load_all(manifest) if d and d["kind"] == "Deployment"]
+    container: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def service_account_volume(control_plane: Cluster, release: Release, folder: Path) -> Path:
+    """What the kubelet mounts at /var/run/secrets/kubernetes.io/serviceaccount: token, ca.crt, namespace."""
+    token = control_plane.kubectl(
+        "create", "token", release.service_account, "-n", release.namespace, "--duration=1h"
+    ).stdout.strip()
+    admin = json.loads(control_plane.plane.kubeconfig.read_text())
+    ca = base64.b64decode(admin["clusters"][0]["cluster"]["certificate-authority-data"])
+    folder.mkdir(mode=0o755)
+    for name, content in (("token", token.encode()), ("ca.crt", ca), ("namespace", release.namespace.encode())):
+        (folder / name).write_bytes(content)
+        (folder / name).chmod(0o644)  # the container runs as 65532, not as the owner
+    return folder
+
+
+def container_env(container: dict[str, Any], namespace: str, server: str) -> dict[str, str]:
+    """The chart's env (fieldRef metadata.namespace resolved as the kubelet does) plus the in-cluster API address."""
+    env = {e["name"]: e["value"] for e in container.get("env") or [] if "value" in e}
+    for entry in container.get("env") or []:
+        if entry.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace":
+            env[entry["name"]] = namespace
+    host, port = server.removeprefix("https://").rsplit(":", 1)
+    return {**env, "KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port}
+
+
+def kvcalibration(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "kvcal.dev/v1alpha1",
+        "kind": "KVCalibration",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"source": "pvc://models/smollm2"},
+            "calibration": {"dataset": {"source": "configmap://prompts/prompts.jsonl"}, "output": "pvc://models/out"},
+            "serving": {"baseline": {"deployment": "smollm2", "service": "smollm2"}},
+        },
+    }
+
+
+def healthz(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def wait_running(container: Container, predicate: Any, timeout: float, what: str) -> Any:
+    """wait_for, failing at once (with the container's log) when the container stops."""
+
+    def check() -> Any:
+        state = container.podman("inspect", "--format", "{{.State.Status}}", container.name).stdout.strip()
+        if state != "running":
+            pytest.fail(f"the operator container is {state}:\n{container.logs()[-4000:]}")
+        return predicate()
+
+    try:
+        return wait_for(check, timeout, what, interval=0.5)
+    except pytest.fail.Exception as failure:
+        pytest.fail(f"{failure}\noperator log:\n{container.logs()[-4000:]}")
+
+
+def test_operator_image_takes_a_kvcalibration_to_calibrating(
+    podman: Podman, control_plane: Cluster, crd_installed: str, namespace: str, tmp_path: Path
+) -> None:
+    podman.build("operator")
+    metrics_port, health_port = free_port(), free_port()  # host network: no clash with the host's 8080/9090
+    values = {"rbac.scope": "namespace", "metrics.port": str(metrics_port), "health.port": str(health_port)}
+    release = install_chart(control_plane, namespace, release_name(), values, tmp_path)
+    operator: Container | None = None
+    try:
+        container = chart_container(control_plane, release)
+        assert container["image"] == IMAGES["operator"].tag, "the chart runs another tag than the build makes"
+        security = container["securityContext"]
+        assert security["readOnlyRootFilesystem"] and security["runAsUser"] == 65532
+        operator = podman.run(
+            container["image"],
+            container["args"],
+            entrypoint=container["command"],
+            env=container_env(container, namespace, control_plane.server),
+            mounts=[(service_account_volume(control_plane, release, tmp_path / "sa"), SERVICE_ACCOUNT_DIR, "ro")],
+            read_only=security["readOnlyRootFilesystem"],
+            network_host=True,
+        )
+        wait_running(operator, lambda: healthz(health_port), 60, "the operator's /healthz (the chart's probes)")
+        control_plane.kubectl("create", "configmap", "prompts", "-n", namespace, "--from-literal=prompts.jsonl={}")
+        control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(kvcalibration("smollm2")))
+
+        def calibrating() -> dict[str, Any] | None:
+            obj = control_plane.get_json("kvcalibration", "smollm2", "-n", namespace)
+            status: dict[str, Any] = obj.get("status") or {}  # type: ignore[assignment]
+            return status if status.get("phase") == "Calibrating" else None
+
+        status = wait_running(operator, calibrating, 90, "KVCalibration smollm2 in phase Calibrating")
+        job = control_plane.get_json("job", status["calibration"]["job"], "-n", namespace)
+        pod = job["spec"]["template"]["spec"]  # type: ignore[index]
+        assert pod["containers"][0]["image"] == IMAGES["calibrator"].tag  # the chart's jobImages.calibrator
+        logs = operator.logs()
+        assert "forbidden" not in logs.lower(), f"the chart's RBAC refused the operator:\n{logs[-4000:]}"
+    finally:
+        if operator is not None:
+            operator.remove()
+        uninstall_chart(control_plane, release)
