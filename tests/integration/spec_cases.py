@@ -79,6 +79,8 @@ CASES: list[Case] = [
     ok("limits-max", {"analysis.consecutiveErrorLimit": 1000, "analysis.successfulIntervals": 1000}),
     ok("latency-two-quantiles", {LATENCY: [{"metric": "ttft", "quantile": 0.5}, {"metric": "ttft", "quantile": 0.99}]}),
     ok("latency-none", {LATENCY: []}),
+    ok("latency-quantile-test", {LATENCY: [{"metric": "ttft", "test": "quantile"}]}),
+    ok("latency-rank-test", {LATENCY: [{"metric": "itl", "test": "rank", "maxRegression": 0.2}]}),
     ok("quality-configmap", {"analysis.quality": {"suite": "configmap", "configMap": "probes"}}),
     ok("rates-bounds", {"analysis.maxErrorRate": 1, "analysis.quality.minTokenAgreement": 0}),
     ok("job-scheduling", {"calibration.job": {
@@ -221,6 +223,7 @@ CASES: list[Case] = [
     bad("spec.analysis.latency:cel0", {LATENCY: [{"metric": "ttft"}, {"metric": "ttft", "quantile": 0.95}]}),
     bad("spec.analysis.latency[].metric:required", {LATENCY: [{"quantile": 0.9}]}),
     bad("spec.analysis.latency[].metric:enum", {LATENCY: [{"metric": "tpot"}]}),
+    bad("spec.analysis.latency[].test:enum", {LATENCY: [{"metric": "ttft", "test": "t-test"}]}),
     bad("spec.analysis.latency[].quantile:cel0", {LATENCY: [{"metric": "ttft", "quantile": 1.0}]}),
     bad("spec.analysis.latency[].quantile:cel0", {LATENCY: [{"metric": "ttft", "quantile": 1.5}]}, "quantile-1.5"),
     bad("spec.analysis.latency[].quantile:cel0", {LATENCY: [{"metric": "ttft", "quantile": 0}]}, "quantile-0"),

@@ -18,6 +18,7 @@ a tolerance? (docs/concepts.md, "The latency test", has the design and its reaso
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from statistics import NormalDist
 from typing import Literal
 
@@ -26,10 +27,11 @@ from kvcal.core.analysis import (
     assess_latency,
     latency_metric_name,
     quantile_from_buckets,
+    query_window_seconds,
     too_few_requests,
 )
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
-from kvcal.models.status import Measurement
+from kvcal.models.status import AnalysisStatus, Measurement
 
 # One-sided error of each decision over all the looks of one analysis step, at the tolerance boundary.
 ALPHA = 0.10
@@ -263,3 +265,11 @@ def assess_latency_check(
 def look_number(spec: AnalysisSpec, step_seconds: float) -> int:
     """Which look of the step a measurement over ``step_seconds`` (since the step's first interval began) is."""
     return max(1, round(step_seconds / spec.interval_seconds))
+
+
+def step_window_seconds(spec: AnalysisSpec, status: AnalysisStatus, now: datetime) -> float:
+    """The rank test's window at ``now``: since the step's first interval began (one look past the last is enough
+    to read as Inconclusive)."""
+    return query_window_seconds(
+        spec, status, now, intervals=LOOKS_PER_SUCCESSFUL_INTERVAL * spec.successful_intervals + 1
+    )

@@ -42,6 +42,7 @@ from kvcal.core.observations import (
     SetWeight,
 )
 from kvcal.core.policy import Policy
+from kvcal.core.ranktest import step_window_seconds
 from kvcal.core.spechash import effective_spec_hash
 from kvcal.core.timestamps import parse_rfc3339, rfc3339
 from kvcal.metrics import OperatorMetrics
@@ -310,7 +311,8 @@ class Reconciler:
         )
         if measurement_due(spec.analysis, status, now):
             target = self._target(owner, spec)
-            obs = Observations(**{**obs.__dict__, "measurements": tuple(self.measure(target, now))})
+            step_seconds = step_window_seconds(spec.analysis, status.analysis, now)
+            obs = Observations(**{**obs.__dict__, "measurements": tuple(self.measure(target, now, step_seconds))})
         return obs
 
     def routed_weight(self, owner: Owner, spec: KVCalibrationSpec) -> int | None:
@@ -327,7 +329,7 @@ class Reconciler:
             canary_service=canary,
         )
 
-    def measure(self, target: Target, now: datetime) -> list[Measurement]:
+    def measure(self, target: Target, now: datetime, step_seconds: float | None = None) -> list[Measurement]:
         """Metrics and probes of one interval; an adapter that raises yields an Error measurement, never a pass."""
         if self.backends is None:
             return []
@@ -336,7 +338,7 @@ class Reconciler:
         metrics = self.backends.metrics(target)
         if metrics is not None:
             try:
-                out += metrics.measure(analysis, analysis.interval_seconds)
+                out += metrics.measure(analysis, analysis.interval_seconds, step_seconds)
             except Exception as e:
                 out.append(error_measurement("prometheus", f"{type(e).__name__}: {e}", at=rfc3339(now)))
         probes = self.backends.probes(target)
