@@ -84,7 +84,7 @@ def test_moved_baseline_of_a_lognormal_is_exact() -> None:
         return normal.cdf(math.log(x / 0.2) / 0.5)
 
     buckets = [*((b, 1e6 * cdf(b)) for b in BOUNDS), (math.inf, 1e6)]
-    moved = moved_baseline(buckets, BOUNDS, 0.05, 0.0)
+    moved = moved_baseline(cumulative_counts(buckets), BOUNDS, 0.05, 0.0)
     for bound, count in zip(BOUNDS, moved, strict=True):
         assert count == pytest.approx(1e6 * cdf(bound / 1.05), abs=1e-3)
     assert cdf_at(cumulative_counts(buckets), 0.3) == pytest.approx(cdf(0.3))

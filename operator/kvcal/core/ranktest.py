@@ -16,6 +16,7 @@ a tolerance? (docs/concepts.md, "The latency test", has the design and its reaso
 """
 
 import math
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -92,31 +93,31 @@ def cumulative_counts(buckets: Buckets) -> list[tuple[float, float]]:
 
 
 def cdf_at(points: list[tuple[float, float]], value: float) -> float:
-    """Share of requests at or below ``value``: probit-log interpolation inside a bucket (exact for a lognormal),
-    linear in the first bucket and where a bucket bound holds 0% or 100%; the +Inf bucket's requests lie above
-    every finite value."""
+    """Share of requests at or below ``value`` (``points`` from ``cumulative_counts``): probit-log interpolation
+    inside a bucket (exact for a lognormal), linear in the first bucket and where a bucket bound holds 0% or 100%;
+    the +Inf bucket's requests lie above every finite value."""
     total = points[-1][1]
-    lower, below = 0.0, 0.0
-    for upper, count in points:
-        if value <= upper:
-            if math.isinf(upper):
-                return below / total
-            f_lo, f_hi = below / total, count / total
-            if value <= 0 or f_hi == f_lo:
-                return f_lo if value <= lower else f_hi
-            if lower <= 0 or f_lo <= 0 or f_hi >= 1:
-                return f_lo + (f_hi - f_lo) * (value - lower) / (upper - lower)
-            fraction = math.log(value / lower) / math.log(upper / lower)
-            probit = _NORMAL.inv_cdf
-            return _NORMAL.cdf(probit(f_lo) + (probit(f_hi) - probit(f_lo)) * fraction)
-        lower, below = upper, count
-    return 1.0  # unreachable: the last bound is +Inf
+    index = bisect_left(points, value, key=lambda point: point[0])  # the bucket holding value: le >= value
+    upper, count = points[index]
+    lower, below = points[index - 1] if index > 0 else (0.0, 0.0)
+    if math.isinf(upper):
+        return below / total
+    f_lo, f_hi = below / total, count / total
+    if value <= 0 or f_hi == f_lo:
+        return f_lo if value <= lower else f_hi
+    if lower <= 0 or f_lo <= 0 or f_hi >= 1:
+        return f_lo + (f_hi - f_lo) * (value - lower) / (upper - lower)
+    fraction = math.log(value / lower) / math.log(upper / lower)
+    probit = _NORMAL.inv_cdf
+    return _NORMAL.cdf(probit(f_lo) + (probit(f_hi) - probit(f_lo)) * fraction)
 
 
-def moved_baseline(baseline: Buckets, bounds: Sequence[float], tolerance: float, floor: float) -> list[float]:
-    """Cumulative counts, on ``bounds``, of the baseline moved through g(x) = max(x (1 + tolerance), x + floor):
-    a moved request is <= b exactly when the request is <= g^-1(b) = min(b / (1 + tolerance), b - floor)."""
-    points = cumulative_counts(baseline)
+def moved_baseline(
+    points: list[tuple[float, float]], bounds: Sequence[float], tolerance: float, floor: float
+) -> list[float]:
+    """Cumulative counts, on ``bounds``, of the baseline (``points`` from ``cumulative_counts``) moved through
+    g(x) = max(x (1 + tolerance), x + floor): a moved request is <= b exactly when the request is
+    <= g^-1(b) = min(b / (1 + tolerance), b - floor)."""
     total = points[-1][1]
     out = []
     for bound in bounds:
@@ -124,7 +125,7 @@ def moved_baseline(baseline: Buckets, bounds: Sequence[float], tolerance: float,
             out.append(total)
             continue
         inverse = min(bound / (1 + tolerance), bound - floor)
-        out.append(total * cdf_at(points, inverse) if inverse > 0 else 0.0)
+        out.append(total * cdf_at(points, inverse) if inverse > 0 and total > 0 else 0.0)
     return out
 
 
@@ -148,12 +149,13 @@ def grouped_mann_whitney(baseline: Sequence[float], canary: Sequence[float]) -> 
     return u_statistic, mean, math.sqrt(max(variance, 0.0))
 
 
-def rank_z(baseline: Buckets, canary: Buckets, tolerance: float, floor: float) -> tuple[float, float]:
-    """(z, U / pairs) of the grouped Mann-Whitney test of the canary against the baseline moved through g."""
-    canary_points = cumulative_counts(canary)
-    bounds = [le for le, _ in canary_points]
-    canary_cells = _cells([count for _, count in canary_points])
-    baseline_cells = _cells(moved_baseline(baseline, bounds, tolerance, floor))
+def rank_z(
+    baseline: list[tuple[float, float]], canary: list[tuple[float, float]], tolerance: float, floor: float
+) -> tuple[float, float]:
+    """(z, U / pairs) of the grouped Mann-Whitney test of the canary against the baseline moved through g; both as
+    ``cumulative_counts`` returns them."""
+    canary_cells = _cells([count for _, count in canary])
+    baseline_cells = _cells(moved_baseline(baseline, [le for le, _ in canary], tolerance, floor))
     u_statistic, mean, deviation = grouped_mann_whitney(baseline_cells, canary_cells)
     pairs = sum(baseline_cells) * sum(canary_cells)
     z = (u_statistic - mean) / deviation if deviation > 0 else 0.0
@@ -162,9 +164,10 @@ def rank_z(baseline: Buckets, canary: Buckets, tolerance: float, floor: float) -
 
 def rank_test(baseline: Buckets, canary: Buckets, plan: Design) -> RankResult:
     """One look of the sequential test on pooled bucket counts (see the module's docstring)."""
-    z_slower, _ = rank_z(baseline, canary, plan.rollback_tolerance, plan.floor)
-    z_within, _ = rank_z(baseline, canary, plan.promote_tolerance, plan.floor)
-    _, slower = rank_z(baseline, canary, 0.0, 0.0)
+    baseline_points, canary_points = cumulative_counts(baseline), cumulative_counts(canary)
+    z_slower, _ = rank_z(baseline_points, canary_points, plan.rollback_tolerance, plan.floor)
+    z_within, _ = rank_z(baseline_points, canary_points, plan.promote_tolerance, plan.floor)
+    _, slower = rank_z(baseline_points, canary_points, 0.0, 0.0)
     verdict: RankVerdict = (
         "Failed"
         if z_slower >= plan.rollback_critical
@@ -176,8 +179,8 @@ def rank_test(baseline: Buckets, canary: Buckets, plan: Design) -> RankResult:
         verdict=verdict,
         z_slower=z_slower,
         z_within=z_within,
-        baseline_requests=cumulative_counts(baseline)[-1][1],
-        canary_requests=cumulative_counts(canary)[-1][1],
+        baseline_requests=baseline_points[-1][1],
+        canary_requests=canary_points[-1][1],
         slower=slower,
     )
 
