@@ -5,7 +5,7 @@ import itertools
 import math
 import random
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from statistics import NormalDist
 
 import numpy as np
@@ -19,8 +19,10 @@ from kvcal.core.ranktest import (
     cumulative_counts,
     design,
     grouped_mann_whitney,
+    look_number,
     moved_baseline,
     rank_test,
+    step_window_seconds,
 )
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
 from kvcal.models.status import AnalysisStatus
@@ -181,3 +183,12 @@ def test_quantile_test_is_today_s_check() -> None:
     measured = assess_latency_check(spec.latency[0], spec, (fast, slow), None, look=1, requests=counts, at="t")
     assert measured.phase == "Failed"
     assert measured.message is not None and "limit" in measured.message
+
+
+def test_the_step_window_grows_one_interval_per_look() -> None:
+    """The reconciler's step window (since the step's first interval began) and the look it stands for."""
+    status = AnalysisStatus(started_at="2026-01-01T00:00:00Z")  # default warmup 120 s, interval 60 s
+    first = datetime(2026, 1, 1, 0, 2, tzinfo=UTC)
+    windows = [step_window_seconds(SPEC, status, first + timedelta(minutes=k)) for k in (0, 2, 30)]
+    assert windows == [60.0, 180.0, 660.0]  # capped one look past the last
+    assert [look_number(SPEC, window) for window in windows] == [1, 3, 11]

@@ -96,8 +96,7 @@ def quantile_from_buckets(q: float, buckets: Sequence[tuple[float, float]]) -> f
 def query_window_seconds(spec: AnalysisSpec, status: AnalysisStatus, now: datetime, intervals: int = 3) -> float:
     """Query window for the measurement taken at ``now``: everything since the first measurement was due (the end
     of the warmup after ``status.startedAt``) plus that first interval, at least one interval and at most
-    ``intervals`` intervals. More requests make a steadier p95 (benchmarks/bench_analysis.py: 'window <=3'); the
-    cap still lets a canary that degrades late fail."""
+    ``intervals`` intervals: the rank test's window, pooling the step (kvcal.core.ranktest.step_window_seconds)."""
     interval = spec.interval_seconds
     if status.started_at is None:
         return interval
