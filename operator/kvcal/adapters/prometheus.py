@@ -27,9 +27,10 @@ from kvcal.core.analysis import (
     quantile_from_buckets,
 )
 from kvcal.core.capacity import KVCacheConfig, KVCacheReadings, parse_cache_config
+from kvcal.core.ranktest import assess_latency_check, look_number
 from kvcal.core.saturation import Load, assess_saturation
 from kvcal.core.timestamps import rfc3339
-from kvcal.models.spec import AnalysisSpec
+from kvcal.models.spec import AnalysisSpec, LatencyCheck
 from kvcal.models.status import Measurement
 
 
@@ -142,9 +143,40 @@ class PrometheusMetrics:
             lambda c, q: estimate(c, q, quantile),
         )
 
-    def measure(self, spec: AnalysisSpec, window_seconds: float) -> list[Measurement]:
+    def _rank(
+        self,
+        client: QueryClient,
+        spec: AnalysisSpec,
+        check: LatencyCheck,
+        windows: tuple[str, str],
+        look: int,
+        counts: RequestCounts,
+        at: str,
+    ) -> Measurement:
+        """The rank test: bucket counts of this interval (its quantiles, for people) and of the step (the test)."""
+        interval_window, step_window = windows
+
+        def counts_of(role: promql.Role, window: str) -> list[tuple[float, float]]:
+            selector = self._selector.for_role(role)
+            return buckets(client, promql.render_latency_buckets(check.metric, selector, window, "latency_counts"))
+
+        query = promql.render_latency_buckets(
+            check.metric, self._selector.for_role("canary"), step_window, "latency_counts"
+        )
+        return assess_latency_check(
+            check, spec,
+            (counts_of("baseline", interval_window), counts_of("canary", interval_window)),
+            (counts_of("baseline", step_window), counts_of("canary", step_window)),
+            look=look, requests=counts, at=at, query=query,
+        )  # fmt: skip
+
+    def measure(
+        self, spec: AnalysisSpec, window_seconds: float, step_seconds: float | None = None
+    ) -> list[Measurement]:
         at = rfc3339(self._clock())
         window = promql.format_window(window_seconds)
+        step_seconds = window_seconds if step_seconds is None else max(window_seconds, step_seconds)
+        step_window, look = promql.format_window(step_seconds), look_number(spec, step_seconds)
         client = self._connect(spec.prometheus.address)
         out: list[Measurement] = []
         try:
@@ -158,6 +190,9 @@ class PrometheusMetrics:
         for check in spec.latency:
             name = latency_metric_name(check)
             try:
+                if check.test == "rank":
+                    out.append(self._rank(client, spec, check, (window, step_window), look, counts, at))
+                    continue
                 b, c, q = self._latency(client, check.metric, check.quantile, window)
             except (Unreachable, QueryError) as exc:
                 out.append(error_measurement(name, str(exc), at=at))

@@ -3,7 +3,8 @@
 - ``assess_*`` turn raw baseline/canary values into a typed ``Measurement`` (the query and both values kept).
   Empty, NaN or infinite values, and intervals with fewer than ``minRequests`` requests on either side, are
   Inconclusive — never Successful.
-- ``interval_phase`` folds one interval's measurements: Failed > Error > Inconclusive > Successful.
+- ``interval_phase`` folds one interval's measurements: Failed > Error > Inconclusive > Undecided > Successful
+  (Undecided: the sequential rank test, kvcal.core.ranktest, needs more data; it resets the success streak only).
 - ``assess_run`` updates the counters and decides:
   * Failed when ``failures`` exceeds ``failureLimit`` (total, not consecutive: flapping cannot hide a regression),
     when ``consecutiveErrors`` exceeds ``consecutiveErrorLimit`` (metrics unreadable), or when ``inconclusive``
@@ -25,12 +26,12 @@ from kvcal.core.timestamps import parse_rfc3339, rfc3339
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
 from kvcal.models.status import MAX_MEASUREMENTS, AnalysisStatus, Measurement
 
-MeasurementPhase = Literal["Successful", "Failed", "Inconclusive", "Error"]
+MeasurementPhase = Literal["Successful", "Undecided", "Failed", "Inconclusive", "Error"]
 Outcome = Literal["Running", "Passed", "Failed"]
 
 # Recorded for people and dashboards, never gating an interval.
 INFORMATIONAL_METRICS = frozenset({"preemptions", "kvCacheUsage", "logprobDelta"})
-_SEVERITY: dict[str, int] = {"Successful": 0, "Inconclusive": 1, "Error": 2, "Failed": 3}
+_SEVERITY: dict[str, int] = {"Successful": 0, "Undecided": 1, "Inconclusive": 2, "Error": 3, "Failed": 4}
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,7 @@ def quantile_from_buckets(q: float, buckets: Sequence[tuple[float, float]]) -> f
 def query_window_seconds(spec: AnalysisSpec, status: AnalysisStatus, now: datetime, intervals: int = 3) -> float:
     """Query window for the measurement taken at ``now``: everything since the first measurement was due (the end
     of the warmup after ``status.startedAt``) plus that first interval, at least one interval and at most
-    ``intervals`` intervals. More requests make a steadier p95 (benchmarks/bench_analysis.py: 'window <=3'); the
-    cap still lets a canary that degrades late fail."""
+    ``intervals`` intervals: the rank test's window, pooling the step (kvcal.core.ranktest.step_window_seconds)."""
     interval = spec.interval_seconds
     if status.started_at is None:
         return interval
@@ -105,7 +105,7 @@ def query_window_seconds(spec: AnalysisSpec, status: AnalysisStatus, now: dateti
     return max(interval, min(since_first + interval, intervals * interval))
 
 
-def _too_few_requests(requests: RequestCounts | None, min_requests: int) -> str | None:
+def too_few_requests(requests: RequestCounts | None, min_requests: int) -> str | None:
     if requests is None:
         return None
     for role, count in (("baseline", requests.baseline), ("canary", requests.canary)):
@@ -136,7 +136,7 @@ def assess_latency(
 ) -> Measurement:
     """Canary quantile vs baseline quantile: fails above max(baseline x (1+maxRegression), baseline + noiseFloor)."""
     name = latency_metric_name(check)
-    why = _too_few_requests(requests, min_requests) or _missing(baseline, canary)
+    why = too_few_requests(requests, min_requests) or _missing(baseline, canary)
     if why or baseline is None or canary is None:
         return Measurement(
             metric=name, phase="Inconclusive", at=at, baseline=_finite(baseline), canary=_finite(canary),
@@ -167,7 +167,7 @@ def assess_error_rate(
 ) -> Measurement:
     """Fails when the canary's error rate is above maxErrorRate and above the baseline's (a shared outage is not
     the canary's fault). A missing baseline rate counts as 0; a missing canary rate is Inconclusive."""
-    why = _too_few_requests(requests, min_requests) or _missing(0.0, canary)
+    why = too_few_requests(requests, min_requests) or _missing(0.0, canary)
     if why or canary is None:
         return Measurement(
             metric="errorRate", phase="Inconclusive", at=at, baseline=_finite(baseline), canary=_finite(canary),
@@ -183,7 +183,7 @@ def assess_error_rate(
 
 
 def assess_requests(requests: RequestCounts, *, min_requests: int, at: str, query: str | None = None) -> Measurement:
-    why = _too_few_requests(requests, min_requests)
+    why = too_few_requests(requests, min_requests)
     return Measurement(
         metric="requests", phase="Inconclusive" if why else "Successful", at=at, baseline=_finite(requests.baseline),
         canary=_finite(requests.canary), threshold=float(min_requests), query=query, message=why,
@@ -233,6 +233,8 @@ def _counters(status: AnalysisStatus, phase: MeasurementPhase) -> dict[str, int]
         return {"consecutive_successes": 0, "failures": failures + 1, "consecutive_errors": 0}
     if phase == "Inconclusive":
         return {"consecutive_successes": 0, "inconclusive": inconclusive + 1, "consecutive_errors": 0}
+    if phase == "Undecided":  # a sequential test that needs more data: no verdict, nothing counted against it
+        return {"consecutive_successes": 0, "consecutive_errors": 0}
     return {"consecutive_successes": 0, "consecutive_errors": errors + 1}
 
 

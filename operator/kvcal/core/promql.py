@@ -44,6 +44,8 @@ TEMPLATES: dict[str, str] = {
     "latency": "histogram_quantile($quantile, sum by (le) (rate({${histogram},$selector}[$window])))",
     # The same buckets, for kvcal's own quantile estimate (kvcal.core.analysis.quantile_from_buckets).
     "latency_buckets": "sum by (le) (rate({${histogram},$selector}[$window]))",
+    # Requests per bucket over the window, for the rank test (kvcal.core.ranktest), which needs counts, not rates.
+    "latency_counts": "sum by (le) (increase({${histogram},$selector}[$window]))",
     # Requests the engine finished (any finished_reason) plus generation requests that failed with HTTP 5xx: the
     # traffic count compared to minRequests (a canary failing every request still counts as traffic).
     "requests": (
@@ -173,14 +175,15 @@ def render_latency(metric: str, quantile: float, selector: str, window: str) -> 
     )
 
 
-def render_latency_buckets(metric: str, selector: str, window: str) -> str:
-    """Per-bucket rates of a latency histogram: one series per ``le``."""
+def render_latency_buckets(metric: str, selector: str, window: str, template: str = "latency_buckets") -> str:
+    """Per-bucket rates (or, with ``template="latency_counts"``, counts) of a latency histogram: one series per
+    ``le``."""
     if metric not in LATENCY_HISTOGRAMS:
         raise TemplateError(f"latency metric {metric!r}: must be one of {', '.join(LATENCY_HISTOGRAMS)}")
+    if template not in ("latency_buckets", "latency_counts"):
+        raise TemplateError(f"bucket template {template!r}: must be latency_buckets or latency_counts")
     histogram = vllm_series(LATENCY_HISTOGRAMS[metric] + "_bucket")
-    return render(
-        TEMPLATES["latency_buckets"], {"histogram": histogram, "selector": selector, "window": _check_window(window)}
-    )
+    return render(TEMPLATES[template], {"histogram": histogram, "selector": selector, "window": _check_window(window)})
 
 
 _NAMED = ("requests", "error_rate", "preemptions", "kv_cache_usage", "requests_running", "requests_waiting")

@@ -208,6 +208,9 @@ class PrometheusRef(SpecModel):
 
 class LatencyCheck(SpecModel):
     metric: Literal["ttft", "itl", "e2e"]
+    # rank: a sequential Mann-Whitney test on the histograms since the step began (kvcal.core.ranktest);
+    # quantile: this interval's canary quantile vs the baseline's x (1 + maxRegression).
+    test: Literal["rank", "quantile"] = "rank"
     quantile: float = 0.95
     max_regression: float = Field(default=0.10, ge=0, le=10)
     # Absolute noise floor: a canary within this many seconds of the baseline passes whatever the ratio.

@@ -129,7 +129,7 @@ class Measurement(Model):
     """One analysis measurement: the query, both values, the verdict. Capped history in status."""
 
     metric: str
-    phase: Literal["Successful", "Failed", "Inconclusive", "Error"]
+    phase: Literal["Successful", "Undecided", "Failed", "Inconclusive", "Error"]
     at: str
     baseline: float | None = None
     canary: float | None = None

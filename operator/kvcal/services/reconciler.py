@@ -43,6 +43,7 @@ from kvcal.core.observations import (
     SetWeight,
 )
 from kvcal.core.policy import Policy
+from kvcal.core.ranktest import step_window_seconds
 from kvcal.core.spechash import effective_spec_hash
 from kvcal.core.timestamps import parse_rfc3339, rfc3339
 from kvcal.metrics import OperatorMetrics
@@ -313,7 +314,8 @@ class Reconciler:
         )
         if measurement_due(spec.analysis, status, now):
             target = self._target(owner, spec)
-            measurements = tuple(self.measure(target, now))
+            step_seconds = step_window_seconds(spec.analysis, status.analysis, now)
+            measurements = tuple(self.measure(target, now, step_seconds))
             obs = Observations(**{**obs.__dict__, "measurements": measurements, "kv_cache": self.kv_cache(target)})
         return obs
 
@@ -331,7 +333,7 @@ class Reconciler:
             canary_service=canary,
         )
 
-    def measure(self, target: Target, now: datetime) -> list[Measurement]:
+    def measure(self, target: Target, now: datetime, step_seconds: float | None = None) -> list[Measurement]:
         """Metrics and probes of one interval; an adapter that raises yields an Error measurement, never a pass."""
         if self.backends is None:
             return []
@@ -340,7 +342,7 @@ class Reconciler:
         metrics = self.backends.metrics(target)
         if metrics is not None:
             try:
-                out += metrics.measure(analysis, analysis.interval_seconds)
+                out += metrics.measure(analysis, analysis.interval_seconds, step_seconds)
             except Exception as e:
                 out.append(error_measurement("prometheus", f"{type(e).__name__}: {e}", at=rfc3339(now)))
         probes = self.backends.probes(target)
