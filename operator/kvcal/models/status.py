@@ -72,6 +72,7 @@ CALIBRATION_SUMMARY_FIELDS = frozenset(
         "top1AgreementDefault",
         "top1AgreementCalibrated",
         "durationSeconds",
+        "sensitiveLayers",
     }
 )
 
@@ -91,6 +92,7 @@ class CalibrationStatus(Model):
     top1_agreement_default: float | None = None
     top1_agreement_calibrated: float | None = None
     duration_seconds: float | None = None
+    sensitive_layers: list[int] | None = None  # the report's, for spec.serving.canary.protectedLayers.fromReport
     message: str | None = None
     calibrator_image: str | None = None  # provenance: the image that computed the scales (spec's or the default)
 

@@ -18,6 +18,7 @@ from kvcal.core.manifests.common import (
     verification_job_name,
     volumes_and_mounts,
 )
+from kvcal.core.protected import skip_layer_args
 from kvcal.models.spec import KVCalibrationSpec
 
 CONFIG_MOUNT = "/kvcal/config"
@@ -62,7 +63,7 @@ def calibration_config(spec: KVCalibrationSpec) -> dict[str, Any]:
         "observer": cal.observer,
         "pipeline": cal.pipeline,
         "force": True,
-    }
+    } | ({"queryScales": True} if cal.query_scales else {})  # absent when off: a pinned older calibrator reads it
 
 
 def build_calibration_configmap(owner: Owner, spec: KVCalibrationSpec, spec_hash: str) -> Manifest:
@@ -197,6 +198,9 @@ def build_verification_job(
     ]
     if spec.serving.canary.attention_backend:
         command += ["--attention-backend", spec.serving.canary.attention_backend]
+    if spec.calibration.query_scales:
+        command += ["--query-scales"]
+    command += skip_layer_args(spec)
     container = _container(
         "verify",
         str(baseline_container["image"]),
