@@ -118,6 +118,8 @@ class Summary(Model):
     top1_agreement_calibrated: float
     duration_seconds: float
     artifact: str
+    sensitive_layers: list[int] = Field(default=[], description="Layers of sensitive_layers, for protectedLayers")
+    q_scale_max: float | None = Field(default=None, description="Largest q_scale, when Q was calibrated")
     report_version: int = REPORT_VERSION
 
 
