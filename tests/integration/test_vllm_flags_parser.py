@@ -15,7 +15,7 @@ from kvcal.core import vllm_flags
 from kvcal.core.manifests import build_canary_deployment
 from kvcal.core.manifests.jobs import checkpoint_location
 from tests.unit.test_canary_flags import SPEC, baseline_with_odd_spellings
-from tests.unit.test_decide_support import OWNER
+from tests.unit.test_decide_support import OWNER, spec
 
 pytestmark = pytest.mark.vllm
 

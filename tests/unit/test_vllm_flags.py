@@ -159,7 +159,7 @@ def test_invalid_spec_message_names_the_item() -> None:
 
 
 def test_the_model_refuses_skip_layers_in_extra_args_naming_protected_layers() -> None:
-    with pytest.raises(ValidationError, match="spec.serving.canary.protectedLayers"):
+    with pytest.raises(ValidationError, match=r"spec\.serving\.canary\.protectedLayers"):
         KVCalibrationSpec.model_validate(_spec_with_extra_args(["--kv-cache-dtype-skip-layers", "0", "31"]))
 
 

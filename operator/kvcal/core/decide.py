@@ -24,10 +24,10 @@ from kvcal.core.observations import (
 )
 from kvcal.core.phases import ACTIVE, RETRYABLE, is_allowed
 from kvcal.core.policy import Violation, check
+from kvcal.core.protected import with_report_layers
 from kvcal.core.provenance import calibrator_image, record_calibrator_image, with_calibrator_image
 from kvcal.core.redact import redact
 from kvcal.core.serving import watch_serving
-from kvcal.core.protected import with_report_layers
 from kvcal.core.spechash import effective_spec_hash
 from kvcal.models.spec import AnalysisSpec, KVCalibrationSpec
 from kvcal.models.status import (
