@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from kvcal.calibrator.data import Sample
-from kvcal.calibrator.taps import attention_layers
+from kvcal.calibrator.taps import attention_layers, layer_index
 
 log = logging.getLogger(__name__)
 
@@ -74,16 +74,21 @@ def _hooked_eager_attention(model: nn.Module) -> Iterator[None]:
     eager = sys.modules[type(layers[0]).__module__].eager_attention_forward
     ALL_ATTENTION_FUNCTIONS.register(EAGER_NAME, eager)
     ALL_MASK_ATTENTION_FUNCTIONS.register(EAGER_NAME, ALL_MASK_ATTENTION_FUNCTIONS["eager"])
-    model.config._attn_implementation = EAGER_NAME  # what the hooked attention will wrap (and its mask)
+    config: Any = model.config
+    config._attn_implementation = EAGER_NAME  # what the hooked attention will wrap (and its mask)
     for attn in layers:
-        initialize_hooked_attention(model, attn)  # type: ignore[arg-type]  # llm-compressor's own call is a no-op then
-    assert model.config._attn_implementation == HOOKED_ATTENTION_NAME
+        initialize_hooked_attention(model, attn)  # llm-compressor's own call is a no-op then
+    assert config._attn_implementation == HOOKED_ATTENTION_NAME
     forced = helpers.use_eager_attention
-    helpers.use_eager_attention = lambda _model: contextlib.nullcontext()
+    helpers.use_eager_attention = _no_forcing  # type: ignore[assignment]
     try:
         yield
     finally:
         helpers.use_eager_attention = forced
+
+
+def _no_forcing(_model: nn.Module) -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
 
 
 class _QueryMax:
@@ -98,7 +103,7 @@ class _QueryMax:
 
         for attn in attention_layers(model):
             if hasattr(attn, "impl"):
-                self.handles.append(register_query_hook(attn, self._hook(attn.layer_idx)))
+                self.handles.append(register_query_hook(attn, self._hook(layer_index(attn))))
 
     def _hook(self, layer: int) -> Any:
         def observe(_module: nn.Module, query: torch.Tensor) -> None:
