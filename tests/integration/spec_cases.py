@@ -61,6 +61,7 @@ def bad(hits: str, changes: dict[str, Any], case_id: str | None = None) -> Case:
 LATENCY = "analysis.latency"
 TOLERATIONS = "calibration.job.tolerations"
 EXTRA_ARGS = "serving.canary.extraArgs"
+PROTECTED = "serving.canary.protectedLayers"
 DATASET = "calibration.dataset.source"
 
 CASES: list[Case] = [
@@ -94,7 +95,10 @@ CASES: list[Case] = [
     ok("hostpath-and-s3", {"model.source": "hostpath:///models/llama", "calibration.output": "s3://bucket/out",
                            "calibration.dataset.source": "s3://bucket/prompts.jsonl"}),
     ok("extra-args", {EXTRA_ARGS: ["--max-num-seqs", "8"]}),
-    ok("extra-args-skip-layers", {EXTRA_ARGS: ["--kv-cache-dtype-skip-layers", "0,1", "--seed", "-1"]}),
+    ok("protected-layers", {PROTECTED: {"layers": [0, 31, 4095]}}),
+    ok("protected-layers-from-report", {PROTECTED: {"fromReport": True}}),
+    ok("protected-layers-empty", {PROTECTED: {}}),
+    ok("query-scales", {"calibration.queryScales": True}),
     ok("extra-args-inline-values", {EXTRA_ARGS: ["--max-num-seqs=8", "--enforce-eager"]}),
     ok("extra-args-none", {EXTRA_ARGS: []}),
     ok("dotted-names", {"model.source": "hostpath:///models/a..b", "calibration.output": "s3://bucket/out..fp8",
@@ -183,6 +187,14 @@ CASES: list[Case] = [
     bad("spec.serving.canary.extraArgs[]:cel1", {EXTRA_ARGS: ["-qfp8"]}, "owned-short-attached"),
     bad("spec.serving.canary.extraArgs[]:cel1", {EXTRA_ARGS: ["-a", "{}"]}, "owned-short-prefix"),
     bad("spec.serving.canary.extraArgs[]:cel1", {EXTRA_ARGS: ["--no-calculate-kv-scales"]}, "owned-no-flag"),
+    bad("spec.serving.canary.extraArgs[]:cel1", {EXTRA_ARGS: ["--kv-cache-dtype-skip-layers", "0,1"]}, "owned-skip"),
+    bad("spec.serving.canary.protectedLayers.layers:maxItems", {PROTECTED: {"layers": list(range(257))}}),
+    bad("spec.serving.canary.protectedLayers.layers[]:minimum", {PROTECTED: {"layers": [-1]}}),
+    bad("spec.serving.canary.protectedLayers.layers[]:maximum", {PROTECTED: {"layers": [4096]}}),
+    bad("spec.serving.canary.protectedLayers.layers[]:type", {PROTECTED: {"layers": ["0"]}}),
+    bad("spec.serving.canary.protectedLayers.layers:type", {PROTECTED: {"layers": [3, 3]}}, "protected-repeated"),
+    bad("spec.serving.canary.protectedLayers.fromReport:type", {PROTECTED: {"fromReport": "yes"}}),
+    bad("spec.calibration.queryScales:type", {"calibration.queryScales": "true"}),
     bad("spec.serving.traffic:cel0", {"serving.traffic.router": "gateway-api"}),
     bad("spec.serving.traffic.router:enum", {"serving.traffic.router": "istio"}),
     bad("spec.serving.traffic.steps:minItems", {"serving.traffic.steps": []}),

@@ -1,7 +1,7 @@
 """spec.serving.canary.extraArgs on a real kube-apiserver: the CRD's CEL refuses every spelling of a flag kvcal owns
 (issue #10: `--kv_cache_dtype=auto`, ` --kv-cache-dtype`, `--model=/etc`, `--calculate-kv-scales` were admitted),
-names the item, and still admits --kv-cache-dtype-skip-layers. The operator's model refuses the same items, and what
-CEL cannot judge ends in InvalidSpec."""
+names the item; --kv-cache-dtype-skip-layers too, since kvcal owns it (spec.serving.canary.protectedLayers). The
+operator's model refuses the same items, and what CEL cannot judge ends in InvalidSpec."""
 
 import copy
 import json
@@ -49,6 +49,7 @@ REFUSED = [
     *(([arg, "x"] if "=" not in arg else [arg], 0, "kvcal owns") for arg, _ in OWNED_SPELLINGS),
     ([" --kv-cache-dtype", "auto"], 0, "kvcal owns"),  # the reproductions of issue #10, verbatim
     (["--calculate-kv-scales"], 0, "kvcal owns"),
+    (["--kv-cache-dtype-skip-layers", "0", "31"], 0, "protectedLayers"),
     (["--enforce-eager", "--", "/etc"], 1, "ends vLLM's options"),
 ]
 
@@ -74,8 +75,6 @@ def test_leading_positional_is_rejected(control_plane: Cluster, crd_installed: s
 
 
 ADMITTED = [
-    ["--kv-cache-dtype-skip-layers", "0", "31"],
-    ["--kv_cache_dtype_skip_layers=sliding_window"],
     ["--max-num-seqs", "1", "--enforce-eager", "-tp", "2", "-O3", "--compilation-config.mode=0"],
     ["--max-model-len=4096", "--kv-cache-memory-bytes", "1G", "--model-impl", "vllm", "--seed", "-1"],
     [],

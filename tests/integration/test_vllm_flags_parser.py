@@ -15,7 +15,7 @@ from kvcal.core import vllm_flags
 from kvcal.core.manifests import build_canary_deployment
 from kvcal.core.manifests.jobs import checkpoint_location
 from tests.unit.test_canary_flags import SPEC, baseline_with_odd_spellings
-from tests.unit.test_decide_support import OWNER
+from tests.unit.test_decide_support import OWNER, spec
 
 pytestmark = pytest.mark.vllm
 
@@ -44,7 +44,7 @@ def _owned_dests(parser: argparse.ArgumentParser) -> set[str]:
     return {options[n].dest for f in vllm_flags.OWNED_FLAGS for n in f.names if n in options}
 
 
-def test_owned_flags_are_vllm_arguments_and_skip_layers_is_one(serve_parser: Any) -> None:
+def test_owned_flags_are_vllm_arguments_and_skip_layers_takes_many_values(serve_parser: Any) -> None:
     _, serve = serve_parser
     options = _options(serve)
     owned = {n for f in vllm_flags.OWNED_FLAGS for n in f.names}
@@ -77,6 +77,8 @@ def test_every_vllm_option_and_prefix_is_classified_as_vllm_resolves_it(serve_pa
 REPRODUCTIONS = [
     (["--kv_cache_dtype=auto"], "kv_cache_dtype", "auto"),
     (["--kv-cache-dtype=auto", "--kv-cache-dtype-skip-layers", "0"], "kv_cache_dtype", "auto"),
+    (["--kv-cache-dtype-skip-layers", "0", "31"], "kv_cache_dtype_skip_layers", ["0", "31"]),
+    (["--kv_cache_dtype_skip_layers=sliding_window"], "kv_cache_dtype_skip_layers", ["sliding_window"]),
     (["--model=/etc"], "model", "/etc"),
     (["--served_model_name=other"], "served_model_name", ["other"]),
     (["--served-model", "other"], "served_model_name", ["other"]),  # abbreviation
@@ -106,13 +108,17 @@ def test_refused_extra_args_really_override_in_vllm(
     assert vllm_flags.extra_args_problems(extra_args), f"{extra_args} reaches vLLM but kvcal lets it through"
 
 
-def test_skip_layers_reaches_vllm_and_is_allowed(serve_parser: Any) -> None:
+def test_protected_layers_reach_vllm_as_skip_layers(serve_parser: Any) -> None:
+    """spec.serving.canary.protectedLayers on the canary: vLLM parses every layer, and the baseline's own skip list
+    (all of its values) is gone."""
     root, _ = serve_parser
-    extra = ["--kv-cache-dtype-skip-layers", "0", "31", "--max-num-seqs", "1"]
-    parsed = root.parse_args(["serve", "/ckpt", "--kv-cache-dtype", "fp8_e4m3", *extra])
-    assert parsed.kv_cache_dtype == "fp8_e4m3"
+    protected = spec(serving={"baseline": {"deployment": "llm", "service": "llm"},
+                              "canary": {"protectedLayers": {"layers": [0, 31]}}})  # fmt: skip
+    canary = build_canary_deployment(OWNER, protected, baseline_with_odd_spellings(), 1)
+    container = canary["spec"]["template"]["spec"]["containers"][0]
+    parsed = root.parse_args([*container["command"], *container["args"]][1:])
+    assert parsed.kv_cache_dtype == protected.serving.canary.kv_cache_dtype
     assert parsed.kv_cache_dtype_skip_layers == ["0", "31"]
-    assert vllm_flags.extra_args_problems(extra) == []
 
 
 def test_canary_of_an_odd_baseline_parses_to_the_calibrated_checkpoint_with_fp8(serve_parser: Any) -> None:
@@ -125,4 +131,4 @@ def test_canary_of_an_odd_baseline_parses_to_the_calibrated_checkpoint_with_fp8(
     assert parsed.model_tag == checkpoint_location(SPEC).path
     assert parsed.kv_cache_dtype == SPEC.serving.canary.kv_cache_dtype
     assert parsed.served_model_name == ["llm"]
-    assert parsed.kv_cache_dtype_skip_layers == ["0"]
+    assert parsed.kv_cache_dtype_skip_layers == []  # kvcal owns it: only spec.serving.canary.protectedLayers

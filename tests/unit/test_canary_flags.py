@@ -25,6 +25,8 @@ BASELINE_ARGS = [
     "llm",
     "--kv-cache-dtype-skip-layers",
     "0",
+    "5",
+    "--kv_cache_dtype_skip_layers=9",
     "--port",
     "8000",
 ]
@@ -48,8 +50,10 @@ def _assert_only_kvcal_sets_the_kv_cache(argv: list[str]) -> None:
     assert kv_dtype == ["--kv-cache-dtype"], argv
     assert argv[argv.index("--kv-cache-dtype") + 1] == SPEC.serving.canary.kv_cache_dtype
     assert not [a for a in argv if vllm_flags.denotes(a, vllm_flags.CALCULATE_KV_SCALES)], argv
+    # The baseline's skip list goes with all of its values (nargs="+"): only protectedLayers decides it.
+    assert not [a for a in argv if vllm_flags.denotes(a, vllm_flags.KV_CACHE_DTYPE_SKIP_LAYERS)], argv
+    assert "5" not in argv and "0" not in argv, argv
     # What kvcal does not own survives; the baseline's served name is kept, not overridden by the model path.
-    assert argv[argv.index("--kv-cache-dtype-skip-layers") + 1] == "0"
     assert [a for a in argv if vllm_flags.denotes(a, vllm_flags.SERVED_MODEL_NAME)] == ["--served_model_name"]
     assert f"--model={checkpoint_location(SPEC).path}" in argv
 
@@ -62,3 +66,19 @@ def test_canary_drops_the_baselines_kv_overrides_in_any_spelling() -> None:
 def test_promotion_does_not_carry_the_baselines_kv_overrides_into_production() -> None:
     patch = build_promoted_baseline(OWNER, SPEC, spec_hash(SPEC), baseline_with_odd_spellings())
     _assert_only_kvcal_sets_the_kv_cache(_canary_argv(patch["spec"]["template"]["spec"]))
+
+
+PROTECTED = spec(
+    serving={"baseline": {"deployment": "llm", "service": "llm"}, "canary": {"protectedLayers": {"layers": [7, 3]}}}
+)
+
+
+def test_protected_layers_become_one_skip_list_on_canary_and_promoted_baseline() -> None:
+    canary = build_canary_deployment(OWNER, PROTECTED, baseline_with_odd_spellings(), 1)
+    patch = build_promoted_baseline(OWNER, PROTECTED, spec_hash(PROTECTED), baseline_with_odd_spellings())
+    for pod in (canary["spec"]["template"]["spec"], patch["spec"]["template"]["spec"]):
+        argv = _canary_argv(pod)
+        flags = [a for a in argv if vllm_flags.denotes(a, vllm_flags.KV_CACHE_DTYPE_SKIP_LAYERS)]
+        assert flags == ["--kv-cache-dtype-skip-layers"], argv
+        at = argv.index("--kv-cache-dtype-skip-layers")
+        assert argv[at + 1 : at + 3] == ["3", "7"] and all(a.startswith("-") for a in argv[at + 3 : at + 4]), argv

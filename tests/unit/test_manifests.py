@@ -41,6 +41,11 @@ HOSTPATH_SPEC = spec(
     },
 )
 
+PROTECTED_SPEC = spec(
+    calibration={**SPEC.calibration.model_dump(by_alias=True), "queryScales": True},
+    serving={"baseline": {"deployment": "llm", "service": "llm"}, "canary": {"protectedLayers": {"layers": [0, 29]}}},
+)
+
 
 def _serve_style_baseline() -> dict[str, Any]:
     b = baseline_manifest(1)
@@ -66,6 +71,17 @@ CASES: dict[str, Any] = {
     "canary-deployment-serve-style": lambda: build_canary_deployment(OWNER, HOSTPATH_SPEC, _serve_style_baseline(), 1),
     "canary-service": lambda: build_canary_service(OWNER, baseline_service()),
     "promoted-baseline-patch": lambda: build_promoted_baseline(OWNER, SPEC, H, baseline_manifest()),
+    "canary-deployment-protected": lambda: build_canary_deployment(OWNER, PROTECTED_SPEC, baseline_manifest(), 1),
+    "verification-job-query-protected": lambda: build_verification_job(
+        OWNER,
+        PROTECTED_SPEC,
+        spec_hash(PROTECTED_SPEC),
+        baseline_manifest()["spec"]["template"]["spec"]["containers"][0],
+        baseline_manifest()["spec"]["template"]["spec"],
+    ),
+    "calibration-configmap-query": lambda: build_calibration_configmap(
+        OWNER, PROTECTED_SPEC, spec_hash(PROTECTED_SPEC)
+    ),
 }
 
 

@@ -60,12 +60,12 @@ OWNED_SPELLINGS = [
     ("--weight-transfer-config={}", "--weight-transfer-config"),
     ("--config=/etc/vllm.yaml", "--config"),
     ("--config-format=mistral", "--config-format"),
+    ("--kv-cache-dtype-skip-layers", "--kv-cache-dtype-skip-layers"),
+    ("--kv_cache_dtype_skip_layers=0", "--kv-cache-dtype-skip-layers"),
+    ("--kv-cache-dtype-s", "--kv-cache-dtype-skip-layers"),
 ]
 # Spellings that set nothing kvcal owns.
 FREE_SPELLINGS = [
-    "--kv-cache-dtype-skip-layers",
-    "--kv_cache_dtype_skip_layers=0",
-    "--kv-cache-dtype-s",
     "--kv-cache-memory-bytes=1G",
     "--enforce-eager",
     "--max-num-seqs",
@@ -121,7 +121,7 @@ def test_positional_arguments_are_refused(args: list[str], refused: int) -> None
 
 
 def test_values_after_their_flag_pass() -> None:
-    args = ["--max-num-seqs", "1", "--kv-cache-dtype-skip-layers", "0", "31", "--max-model-len=4096", "-tp", "2"]
+    args = ["--max-num-seqs", "1", "--override-generation-config", "{}", "--max-model-len=4096", "-tp", "2"]
     assert vllm_flags.extra_args_problems(args) == []
 
 
@@ -158,9 +158,14 @@ def test_invalid_spec_message_names_the_item() -> None:
     assert "use spec.serving.canary.kvCacheDtype" in error
 
 
-def test_the_model_accepts_skip_layers() -> None:
-    spec = KVCalibrationSpec.model_validate(_spec_with_extra_args(["--kv-cache-dtype-skip-layers", "0", "31"]))
-    assert spec.serving.canary.extra_args == ["--kv-cache-dtype-skip-layers", "0", "31"]
+def test_the_model_refuses_skip_layers_in_extra_args_naming_protected_layers() -> None:
+    with pytest.raises(ValidationError, match=r"spec\.serving\.canary\.protectedLayers"):
+        KVCalibrationSpec.model_validate(_spec_with_extra_args(["--kv-cache-dtype-skip-layers", "0", "31"]))
+
+
+def test_without_drops_every_value_of_a_variadic_flag() -> None:
+    args = ["--kv-cache-dtype-skip-layers", "0", "31", "--seed", "1", "--kv_cache_dtype_skip_layers=2", "-tp", "2"]
+    assert vllm_flags.without(args, [vllm_flags.KV_CACHE_DTYPE_SKIP_LAYERS]) == ["--seed", "1", "-tp", "2"]
 
 
 def test_crd_carries_the_admission_rules_built_from_the_owned_list() -> None:

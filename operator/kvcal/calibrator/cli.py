@@ -57,6 +57,7 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
         "--rounding", choices=["nearest", "toward-zero"], help=_help("rounding", "FP8 rounding emulated in the report")
     )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG heatmaps")
+    p.add_argument("--query-scales", action="store_true", help="also calibrate q_scale (FP8 attention backends)")
     p.add_argument("--config", type=Path, help="CalibrationConfig JSON file (flags given here override it)")
     p.add_argument(
         "--demo",
@@ -125,6 +126,8 @@ def config_from_args(args: argparse.Namespace) -> CalibrationConfig:
         values["force"] = True
     if args.no_plots:
         values["plots"] = False
+    if args.query_scales:
+        values["queryScales"] = True
     missing = [f for f, a in (("MODEL_DIR", "modelDir"), ("--data", "data"), ("--out", "out")) if a not in values]
     if missing:
         raise UsageError(f"missing {', '.join(missing)} (or use --demo, or --config FILE)")

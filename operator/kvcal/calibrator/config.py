@@ -38,6 +38,9 @@ class CalibrationConfig(Model):
     )
     seed: int = 0
     pipeline: Literal["auto", "basic", "sequential"] = "auto"
+    query_scales: bool = Field(
+        default=False, description="Also calibrate q_scale (llm-compressor's attention scheme): FP8 attention reads it"
+    )
     rounding: Literal["nearest", "toward-zero"] = Field(
         default="nearest", description="FP8 rounding emulated in the report: CUDA kernels (nearest) or vLLM CPU"
     )

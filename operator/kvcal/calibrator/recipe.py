@@ -8,17 +8,25 @@ Measured on SmolLM2-135M (benchmarks/bench_calibrate.py, 6 samples / 768 tokens,
 - Observer: scale * 448 / true max|x| over the same tokens was 0.997-1.000 for `static_minmax` (only the bf16 rounding
   of the saved scale), but down to 0.83 (K) / 0.52 (V) for `minmax` (a moving average) and 0.81 / 0.51 for `mse`:
   both clip values the calibration set itself contains. Default: static-minmax.
+
+Q scales (`query=True`): an attention scheme in config_groups targeting the attention class (e.g. LlamaAttention)
+adds `q_scale` beside k/v. vLLM 0.32 loads it only from a group whose single target ends in "Attention". llm-compressor
+0.14 forces eager attention during calibration, which bypasses compressed-tensors' hooked attention: Q is never
+observed and q_scale is saved uninitialised (seen on the demo model: -2.1e33, then 2.5e-21). So the model runs eager
+attention *through* the hooked attention, and `check_query_scales` refuses a q_scale its own tap contradicts.
 """
 
+import contextlib
 import logging
-from collections.abc import Sequence
+import math
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from kvcal.calibrator.data import Sample
-from kvcal.calibrator.taps import attention_layers
+from kvcal.calibrator.taps import attention_layers, layer_index
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +46,92 @@ def kv_cache_scheme(strategy: str, observer: str) -> dict[str, Any]:
     }
 
 
+def query_config_groups(model: nn.Module, scheme: dict[str, Any]) -> dict[str, Any]:
+    """The attention scheme (Q, K and V with the KV scheme's args) in the form vLLM 0.32 loads: one target, the
+    attention class name."""
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    target = type(attention_layers(model)[0]).__name__
+    if not target.endswith("Attention"):
+        raise RuntimeError(f"attention class {target!r}: vLLM 0.32 loads Q scales only for a class named *Attention")
+    return {"attention": QuantizationScheme(targets=[target], input_activations=QuantizationArgs(**scheme))}
+
+
+EAGER_NAME = "kvcal_eager"  # transformers registers no "eager" attention function: the model's own, by name
+
+
+@contextlib.contextmanager
+def _hooked_eager_attention(model: nn.Module) -> Iterator[None]:
+    """Eager attention wrapped by compressed-tensors' hooked attention for the whole oneshot (see module doc)."""
+    import sys
+
+    from compressed_tensors.modeling.attention import HOOKED_ATTENTION_NAME, initialize_hooked_attention
+    from llmcompressor.utils import helpers
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    layers = attention_layers(model)
+    eager = sys.modules[type(layers[0]).__module__].eager_attention_forward
+    ALL_ATTENTION_FUNCTIONS.register(EAGER_NAME, eager)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(EAGER_NAME, ALL_MASK_ATTENTION_FUNCTIONS["eager"])
+    config: Any = model.config
+    config._attn_implementation = EAGER_NAME  # what the hooked attention will wrap (and its mask)
+    for attn in layers:
+        initialize_hooked_attention(model, attn)  # llm-compressor's own call is a no-op then
+    assert config._attn_implementation == HOOKED_ATTENTION_NAME
+    forced = helpers.use_eager_attention
+    helpers.use_eager_attention = _no_forcing  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        helpers.use_eager_attention = forced
+
+
+def _no_forcing(_model: nn.Module) -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
+class _QueryMax:
+    """max|Q| per layer, observed through the same hook llm-compressor's Q observer uses."""
+
+    def __init__(self) -> None:
+        self.absmax: dict[int, float] = {}
+        self.handles: list[Any] = []
+
+    def attach(self, model: nn.Module) -> None:
+        from compressed_tensors.modeling.attention import register_query_hook
+
+        for attn in attention_layers(model):
+            if hasattr(attn, "impl"):
+                self.handles.append(register_query_hook(attn, self._hook(layer_index(attn))))
+
+    def _hook(self, layer: int) -> Any:
+        def observe(_module: nn.Module, query: torch.Tensor) -> None:
+            self.absmax[layer] = max(self.absmax.get(layer, 0.0), float(query.detach().abs().max()))
+
+        return observe
+
+    def detach(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def check_query_scales(q_scales: Sequence[torch.Tensor], absmax: dict[int, float], observer: str) -> None:
+    """Each layer's q_scale must be finite and positive, its Q must have been observed, and with static min-max it
+    must map the observed max|Q| onto 448 (bf16 rounding aside)."""
+    if not q_scales:
+        raise RuntimeError("llm-compressor produced no q_scale: the attention scheme matched no attention module")
+    for layer, scale in enumerate(q_scales):
+        values = [float(x) for x in scale.flatten()]
+        if layer not in absmax:
+            raise RuntimeError(f"layer {layer}: Q was never observed, q_scale {values[:4]} is not a calibration")
+        if not all(math.isfinite(x) and x > 0 for x in values):
+            raise RuntimeError(f"layer {layer}: q_scale {values[:4]} is not finite and positive")
+        want = absmax[layer] / 448.0
+        if observer == "static_minmax" and abs(max(values) - want) > want * 2.0**-7:
+            raise RuntimeError(f"layer {layer}: q_scale {max(values):.6g}, but max|Q|/448 is {want:.6g}")
+
+
 def choose_pipeline(requested: str, weight_bytes: int, device_bytes: int) -> str:
     if requested != "auto":
         return requested
@@ -52,8 +146,11 @@ def device_memory_bytes() -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def run_oneshot(model: nn.Module, samples: Sequence[Sample], strategy: str, observer: str, pipeline: str) -> None:
-    """Calibrate in place: attention modules get `k_scale` / `v_scale` parameters; weights are untouched."""
+def run_oneshot(
+    model: nn.Module, samples: Sequence[Sample], strategy: str, observer: str, pipeline: str, query: bool = False
+) -> None:
+    """Calibrate in place: attention modules get `k_scale` / `v_scale` (and with `query`, `q_scale`) parameters;
+    weights are untouched."""
     from datasets import Dataset
     from llmcompressor import oneshot  # type: ignore[attr-defined]
     from llmcompressor.modifiers.quantization import QuantizationModifier
@@ -64,19 +161,35 @@ def run_oneshot(model: nn.Module, samples: Sequence[Sample], strategy: str, obse
             "attention_mask": [[1] * len(s.input_ids) for s in samples],
         }
     )
-    recipe = QuantizationModifier(kv_cache_scheme=kv_cache_scheme(strategy, observer))
+    scheme = kv_cache_scheme(strategy, observer)
+    groups = query_config_groups(model, scheme) if query else None
+    recipe = QuantizationModifier(kv_cache_scheme=scheme, config_groups=groups)
     log.info(
-        "llm-compressor oneshot: %d samples, strategy=%s observer=%s pipeline=%s", len(ds), strategy, observer, pipeline
+        "llm-compressor oneshot: %d samples, strategy=%s observer=%s pipeline=%s query=%s",
+        len(ds),
+        strategy,
+        observer,
+        pipeline,
+        query,
     )
-    oneshot(
-        model=model,  # type: ignore[arg-type]
-        dataset=ds,
-        recipe=recipe,
-        num_calibration_samples=len(ds),
-        shuffle_calibration_samples=False,
-        max_seq_length=max(len(s.input_ids) for s in samples),
-        pipeline=pipeline,
-    )
+    query_max = _QueryMax()
+    with _hooked_eager_attention(model) if query else contextlib.nullcontext():
+        if query:
+            query_max.attach(model)
+        try:
+            oneshot(
+                model=model,  # type: ignore[arg-type]
+                dataset=ds,
+                recipe=recipe,
+                num_calibration_samples=len(ds),
+                shuffle_calibration_samples=False,
+                max_seq_length=max(len(s.input_ids) for s in samples),
+                pipeline=pipeline,
+            )
+        finally:
+            query_max.detach()
+    if query:
+        check_query_scales(read_query_scales(model), query_max.absmax, observer)
 
 
 def read_scales(model: nn.Module) -> dict[str, list[torch.Tensor]]:
@@ -89,3 +202,9 @@ def read_scales(model: nn.Module) -> dict[str, list[torch.Tensor]]:
                 raise RuntimeError(f"layer {attn.layer_idx}: llm-compressor produced no {kind}_scale")
             out[kind].append(p.detach().to(torch.float32).clone())
     return out
+
+
+def read_query_scales(model: nn.Module) -> list[torch.Tensor]:
+    """Per layer, q_scale as float32 (empty when Q was not calibrated)."""
+    found = [getattr(attn, "q_scale", None) for attn in attention_layers(model)]
+    return [p.detach().to(torch.float32).clone() for p in found if p is not None]

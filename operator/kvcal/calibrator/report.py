@@ -140,6 +140,8 @@ class Summary(Model):
     longest_sample_tokens: int | None = None
     served_context_tokens: int | None = None
     context_warning: str | None = None
+    sensitive_layers: list[int] = Field(default=[], description="Layers of sensitive_layers, for protectedLayers")
+    q_scale_max: float | None = Field(default=None, description="Largest q_scale, when Q was calibrated")
     report_version: int = REPORT_VERSION
 
 

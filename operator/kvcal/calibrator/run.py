@@ -21,7 +21,13 @@ from kvcal.calibrator.coverage import LengthCoverage, length_coverage
 from kvcal.calibrator.evaluate import HoldoutResult, ScaleSet, evaluate_holdout, per_head_scales, per_tensor_scales
 from kvcal.calibrator.preflight import InputError, ModelInfo, check_lengths, check_output, inspect_model
 from kvcal.calibrator.preflight import prepare_output as _prepare_output
-from kvcal.calibrator.recipe import choose_pipeline, device_memory_bytes, read_scales, run_oneshot
+from kvcal.calibrator.recipe import (
+    choose_pipeline,
+    device_memory_bytes,
+    read_query_scales,
+    read_scales,
+    run_oneshot,
+)
 from kvcal.calibrator.taps import KINDS, Tap, TensorStats, attach, detach
 
 log = logging.getLogger(__name__)
@@ -295,10 +301,18 @@ def calibrate(config: CalibrationConfig) -> R.Report:
     handles = attach(model, calib_tap)
     try:
         with timer.step("calibrate (llm-compressor oneshot)"), model_attention(pipeline):
-            run_oneshot(model, plan.calibration, config.compressor_strategy, config.compressor_observer, pipeline)
+            run_oneshot(
+                model,
+                plan.calibration,
+                config.compressor_strategy,
+                config.compressor_observer,
+                pipeline,
+                query=config.query_scales,
+            )
     finally:
         detach(handles)
     saved = read_scales(model)
+    query_scales = read_query_scales(model)
     with timer.step("save checkpoint"):
         save_checkpoint(model, config)
     derived_tensor = per_tensor_scales(calib_tap.observed, info.layers)
@@ -315,6 +329,9 @@ def calibrate(config: CalibrationConfig) -> R.Report:
         )
     with timer.step("report"):
         report = assemble(config, info, tokenizer, plan, pipeline, calib_tap, result, saved, timer, started)
+        if query_scales:
+            q_max = max(float(scale.max()) for scale in query_scales)
+            report = report.model_copy(update={"summary": report.summary.model_copy(update={"q_scale_max": q_max})})
         R.write_json(report, config.out)
         (config.out / "report.md").write_text(R.markdown(report), encoding="utf-8")
         if config.plots:
@@ -377,6 +394,7 @@ def assemble(
         versions=versions(),
     )
     scales = {kind: [_per_head(s, heads) for s in saved[kind]] for kind in KINDS}
+    sensitive = sensitive_layers(layers, config.strategy)
     summary = R.Summary(
         samples=len(plan.calibration),
         tokens=cal_tokens,
@@ -393,6 +411,7 @@ def assemble(
         longest_sample_tokens=lengths.longest_sample_tokens,
         served_context_tokens=lengths.served_context_tokens,
         context_warning=lengths.warning,
+        sensitive_layers=sorted({row.layer for row in sensitive}),
     )
     return R.Report(
         provenance=provenance,
@@ -401,7 +420,7 @@ def assemble(
         end_to_end=e2e,
         holdout_clip_rate=clip,
         length_coverage=lengths,
-        sensitive_layers=sensitive_layers(layers, config.strategy),
+        sensitive_layers=sensitive,
         timings_seconds=dict(timer.seconds),
         summary=summary,
     )

@@ -24,6 +24,7 @@ from kvcal.core.observations import (
 )
 from kvcal.core.phases import ACTIVE, RETRYABLE, is_allowed
 from kvcal.core.policy import Violation, check
+from kvcal.core.protected import with_report_layers
 from kvcal.core.provenance import calibrator_image, record_calibrator_image, with_calibrator_image
 from kvcal.core.redact import redact
 from kvcal.core.serving import watch_serving
@@ -98,7 +99,7 @@ def decide(spec: KVCalibrationSpec | None, status: KVCalibrationStatus, obs: Obs
         # happens in the next pass, on observations gathered for that phase (deletions have landed by then).
         return draft.finish()
     image = calibrator_image(spec, obs)
-    resolved = with_calibrator_image(spec, image)
+    resolved = with_report_layers(with_calibrator_image(spec, image), status.calibration)
     before = (draft.status, list(draft.actions), list(draft.events), draft.requeue)
     try:
         try:

@@ -22,6 +22,8 @@ def calibration_inputs(spec: KVCalibrationSpec) -> dict[str, object]:
     calibration = spec.calibration.model_dump(by_alias=True, mode="json")
     job = calibration.pop("job")
     calibration["image"] = job.get("image")
+    if not calibration.get("queryScales"):  # added later: off, it leaves the hash of every existing spec as it was
+        calibration.pop("queryScales", None)
     model = spec.model.model_dump(by_alias=True, mode="json")
     assert not (_SCHEDULING_FIELDS & calibration.keys())
     return {"model": model, "calibration": calibration}

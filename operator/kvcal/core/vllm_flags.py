@@ -27,6 +27,7 @@ class Flag:
     names: tuple[str, ...]  # vLLM's option strings for one argument, canonical first
     fix: str  # what to do instead of passing it in extraArgs
     takes_value: bool = True
+    variadic: bool = False  # argparse nargs="+": every bare argument after it is one of its values
 
     @property
     def name(self) -> str:
@@ -39,12 +40,17 @@ KV_CACHE_DTYPE = Flag(("--kv-cache-dtype",), "use spec.serving.canary.kvCacheDty
 # Gone in vLLM 0.32; older vLLMs recompute the scales from the first batch and ignore the calibrated ones.
 CALCULATE_KV_SCALES = Flag(("--calculate-kv-scales", "--no-calculate-kv-scales"), _FIX_SCALES, takes_value=False)
 ATTENTION_BACKEND = Flag(("--attention-backend",), "use spec.serving.canary.attentionBackend")
+# Layer indices whose KV cache stays in BF16; the verification Job checks them, so kvcal sets them.
+KV_CACHE_DTYPE_SKIP_LAYERS = Flag(
+    ("--kv-cache-dtype-skip-layers",), "use spec.serving.canary.protectedLayers", variadic=True
+)
 
 # Everything that lets an argument swap the checkpoint, the KV dtype or the scales, or move where and as what the
-# canary answers. --kv-cache-dtype-skip-layers (keep sensitive layers in BF16) is deliberately not here.
+# canary answers.
 OWNED_FLAGS: tuple[Flag, ...] = (
     MODEL,
     KV_CACHE_DTYPE,
+    KV_CACHE_DTYPE_SKIP_LAYERS,
     CALCULATE_KV_SCALES,
     ATTENTION_BACKEND,
     Flag(("--attention-config", "-ac"), "use spec.serving.canary.attentionBackend"),
@@ -89,7 +95,9 @@ def _abbreviates(name: str, option: str) -> bool:
 
 def denotes(arg: str, flag: Flag) -> bool:
     name = flag_name(arg)
-    return name is not None and any(_abbreviates(name, option) for option in flag.names)
+    if name is None or any(name in other.names for other in OWNED_FLAGS if other is not flag):
+        return False  # an exact name is that flag, never a prefix of another (--kv-cache-dtype vs -skip-layers)
+    return any(_abbreviates(name, option) for option in flag.names)
 
 
 def owned_flag(arg: str) -> Flag | None:
@@ -124,15 +132,20 @@ def without(args: Iterable[str], flags: Iterable[Flag]) -> list[str]:
     dropped = tuple(flags)
     kept: list[str] = []
     skip_value = False
+    skip_values = False  # after a variadic flag: its values run up to the next flag
     for arg in args:
+        if skip_values and flag_name(arg) is None:
+            continue
+        skip_values = False
         if skip_value:
             skip_value = False
             continue
         flag = next((f for f in dropped if denotes(arg, f)), None)
         if flag is None:
             kept.append(arg)
-        else:
-            skip_value = flag.takes_value and "=" not in arg
+        elif "=" not in arg:
+            skip_values = flag.variadic
+            skip_value = flag.takes_value and not flag.variadic
     return kept
 
 
@@ -192,8 +205,8 @@ def admission_item_rules() -> list[dict[str, str]]:
             "message": (
                 "spec.serving.canary.extraArgs must not set a flag kvcal owns, in any spelling vLLM accepts "
                 f"({', '.join(long_names + short_names)}; also with =value, _ for - and abbreviated): use "
-                "spec.serving.canary.kvCacheDtype or attentionBackend, or set it on the baseline Deployment. "
-                "--kv-cache-dtype-skip-layers is allowed"
+                "spec.serving.canary.kvCacheDtype, attentionBackend or protectedLayers, or set it on the baseline "
+                "Deployment"
             ),
         },
     ]

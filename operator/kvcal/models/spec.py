@@ -25,6 +25,8 @@ DATASET_PATTERN = (
 PROMETHEUS_URL_PATTERN = r"^https?://[^\s/]+(/\S*)?$"
 ATTENTION_BACKEND_PATTERN = r"^[A-Z][A-Z0-9_]*$"
 MIN_INTERVAL_SECONDS = 1.0
+MAX_LAYER_INDEX = 4095
+MAX_PROTECTED_LAYERS = 256
 _DURATION = re.compile(DURATION_PATTERN)
 
 # Observer names as the CRD spells them -> llm-compressor's names.
@@ -128,6 +130,8 @@ class CalibrationSpec(SpecModel):
     strategy: Literal["tensor", "head"] = "tensor"
     observer: Literal["static-minmax", "minmax", "mse"] = "static-minmax"
     pipeline: Literal["auto", "basic", "sequential"] = "auto"
+    # Also calibrate q_scale (llm-compressor's attention scheme): FP8 attention backends quantize Q with it.
+    query_scales: bool = False
     output: str = Field(max_length=1024, pattern=CHECKPOINT_PATTERN)
     job: JobSpec = JobSpec()
 
@@ -152,10 +156,26 @@ class BaselineRef(SpecModel):
     )
 
 
+class ProtectedLayers(SpecModel):
+    """Attention layers whose KV cache stays in BF16 (vLLM's --kv-cache-dtype-skip-layers)."""
+
+    layers: list[Annotated[int, Field(ge=0, le=MAX_LAYER_INDEX)]] = Field(default=[], max_length=MAX_PROTECTED_LAYERS)
+    # Also the calibration report's sensitive layers (status.calibration.sensitiveLayers).
+    from_report: bool = False
+
+    @field_validator("layers")
+    @classmethod
+    def _distinct(cls, layers: list[int]) -> list[int]:
+        if len(set(layers)) != len(layers):
+            raise ValueError("spec.serving.canary.protectedLayers.layers must not repeat a layer")
+        return layers
+
+
 class CanarySpec(SpecModel):
     replicas: int = Field(default=1, ge=1, le=100)
     kv_cache_dtype: Literal["fp8", "fp8_e4m3"] = "fp8_e4m3"
     attention_backend: str | None = Field(default=None, max_length=64, pattern=ATTENTION_BACKEND_PATTERN)
+    protected_layers: ProtectedLayers = ProtectedLayers()
     extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(default=[], max_length=64)
 
     @field_validator("extra_args")

@@ -75,6 +75,7 @@ CALIBRATION_SUMMARY_FIELDS = frozenset(
         "longestSampleTokens",
         "servedContextTokens",
         "contextWarning",
+        "sensitiveLayers",
     }
 )
 
@@ -97,6 +98,7 @@ class CalibrationStatus(Model):
     longest_sample_tokens: int | None = None
     served_context_tokens: int | None = None
     context_warning: str | None = None  # the calibration stops far below the served context (calibrator's rule)
+    sensitive_layers: list[int] | None = None  # the report's, for spec.serving.canary.protectedLayers.fromReport
     message: str | None = None
     calibrator_image: str | None = None  # provenance: the image that computed the scales (spec's or the default)
 

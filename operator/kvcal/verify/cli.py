@@ -28,6 +28,15 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     p.add_argument("--kv-cache-dtype", default="fp8", help="vLLM --kv-cache-dtype for --runtime (default: fp8)")
     p.add_argument("--attention-backend", default=None, help="vLLM attention backend for --runtime (default: vLLM's)")
     p.add_argument("--max-model-len", type=int, default=512, help="context length vLLM is started with (--runtime)")
+    p.add_argument("--query-scales", action="store_true", help="require q_scale in every layer (and read it back)")
+    p.add_argument(
+        "--kv-cache-dtype-skip-layers",
+        type=int,
+        nargs="+",
+        default=[],
+        metavar="LAYER",
+        help="layers vLLM keeps in BF16 (--runtime checks they are, and that the others are FP8)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document instead of lines")
     p.add_argument(
         "--termination-log",
@@ -40,7 +49,7 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
 
 def run(args: argparse.Namespace) -> int:
     try:
-        result = static.verify(args.checkpoint)
+        result = static.verify(args.checkpoint, args.query_scales)
     except (OSError, ValueError) as err:
         print(f"kvcal verify: {err}", file=sys.stderr)
         return 2
@@ -52,14 +61,20 @@ def run(args: argparse.Namespace) -> int:
         from kvcal.verify import runtime
 
         try:
-            rows = runtime.read_back(args.checkpoint, args.kv_cache_dtype, args.attention_backend, args.max_model_len)
+            rows = runtime.read_back(
+                args.checkpoint,
+                args.kv_cache_dtype,
+                args.attention_backend,
+                args.max_model_len,
+                args.kv_cache_dtype_skip_layers,
+            )
         except Exception as err:  # any load failure is the verdict, and the Job must report it
             message = f"vLLM could not load the checkpoint: {type(err).__name__}: {err}"
             lines = [p.line() for p in problems] + [message]
             _write_termination(args.termination_log, termination_summary(False, result.shape.layers, 0, lines))
             print(message, file=sys.stderr)
             return 1
-        outcome = runtime.compare(result, rows, args.kv_cache_dtype)
+        outcome = runtime.compare(result, rows, args.kv_cache_dtype, args.kv_cache_dtype_skip_layers)
         problems += outcome.problems
         notes += outcome.notes
         mismatches = outcome.mismatches
@@ -78,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
             "mismatches": mismatches,
             "problems": [p.to_json() | {"line": p.line()} for p in problems],
             "notes": notes,
-            "scales": {str(n): {"k": list(s.k), "v": list(s.v)} for n, s in result.scales.items()},
+            "scales": {str(n): {"k": list(s.k), "v": list(s.v), "q": list(s.q)} for n, s in result.scales.items()},
+            "protectedLayers": args.kv_cache_dtype_skip_layers,
             "loaded": loaded,
         }
         print(json.dumps(doc, indent=1))

@@ -109,3 +109,13 @@ def layer_prefix(names: list[str]) -> str:
         if match and match["rest"].startswith("self_attn."):
             return match["prefix"]
     return "model."
+
+
+# Q scales (attention quantization): llm-compressor's name and vLLM's runtime name, both loaded by vLLM 0.32.
+_QUERY_SUFFIXES = ("self_attn.q_scale", "self_attn.attn.q_scale")
+
+
+def query_layer(name: str) -> int | None:
+    """The layer whose q_scale this tensor is, or None."""
+    match = _LAYER.match(name)
+    return int(match["layer"]) if match and match["rest"] in _QUERY_SUFFIXES else None

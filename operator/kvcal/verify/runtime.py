@@ -32,6 +32,9 @@ class LoadedScale:
     v_values: tuple[float, ...] = ()
     backend: str = ""  # attention backend name, e.g. CPU_ATTN, FLASH_ATTN
     backend_per_head: bool | None = None  # does that backend apply per-head scales (None: unknown)
+    q: float | None = None  # _q_scale_float (None in captures older than Q read-back)
+    q_values: tuple[float, ...] = ()
+    quantizes_query: bool | None = None  # does this layer's forward quantize Q with it (FP8 attention backends)
 
     @property
     def layer(self) -> int | None:
@@ -40,13 +43,16 @@ class LoadedScale:
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> "LoadedScale":
-        """A row of `kvcal.verify.readback.read_kv_scales` (5 fields in older captures, 9 now)."""
+        """A row of `kvcal.verify.readback.read_kv_scales` (5 or 9 fields in older captures, 12 now)."""
         k_values = tuple(float(x) for x in row[5]) if len(row) > 5 else ()
         v_values = tuple(float(x) for x in row[6]) if len(row) > 6 else ()
         backend = str(row[7]) if len(row) > 7 else ""
         per_head = bool(row[8]) if len(row) > 8 and row[8] is not None else None
+        q = float(row[9]) if len(row) > 9 else None
+        q_values = tuple(float(x) for x in row[10]) if len(row) > 10 else ()
+        quantizes_query = bool(row[11]) if len(row) > 11 else None
         return cls(str(row[0]), float(row[1]), float(row[2]), str(row[3]), str(row[4]), k_values, v_values, backend,
-                   per_head)  # fmt: skip
+                   per_head, q, q_values, quantizes_query)  # fmt: skip
 
 
 @dataclass
@@ -107,8 +113,60 @@ def _compare_one(layer: int, kind: str, expected: tuple[float, ...], row: Loaded
     return None
 
 
-def compare(checkpoint: StaticResult, loaded: Sequence[LoadedScale], requested_dtype: str) -> RuntimeResult:
+def _compare_query(layer: int, expected: tuple[float, ...], row: LoadedScale) -> Problem | None:
+    """vLLM's _q_scale_float must be the checkpoint's q_scale (the max over heads: it reduces per-head Q scales)."""
+    if not expected or row.q is None:
+        return None
+    if _close(row.q, max(expected)):
+        return None
+    why = "q_scale was not loaded" if row.q == 1.0 else "the checkpoint's q_scale"
+    return Problem(
+        "q-mismatch",
+        f"vLLM uses q scale {row.q:.6g}, the checkpoint has {max(expected):.6g} ({why}; FP8 attention backends "
+        "quantize Q with it)",
+        layer,
+        f"{row.module}._q_scale",
+    )
+
+
+def _check_protected(layer: int, row: LoadedScale, protected: bool) -> Problem | None:
+    """A protected layer must keep a BF16 (non-FP8) KV cache; with a skip list, every other layer must be FP8."""
+    fp8 = row.kv_cache_dtype.startswith("fp8")
+    if protected and fp8:
+        return Problem(
+            "protected-fp8",
+            f"protected layer runs an {row.kv_cache_dtype} KV cache: vLLM did not apply --kv-cache-dtype-skip-layers",
+            layer,
+            row.module,
+        )
+    if not protected and not fp8:
+        return Problem("not-fp8", f"layer stores its KV cache as {row.kv_cache_dtype}, not FP8", layer, row.module)
+    return None
+
+
+def _query_notes(checkpoint: StaticResult, loaded: Sequence[LoadedScale]) -> list[str]:
+    if not any(s.q for s in checkpoint.scales.values()) or not loaded:
+        return []
+    if all(row.quantizes_query for row in loaded):
+        return ["vLLM quantizes Q to FP8 with the read-back q_scale in every layer"]
+    backends = ", ".join(sorted({row.backend or "(unknown)" for row in loaded if not row.quantizes_query}))
+    return [
+        f"vLLM loaded q_scale, but attention backend {backends} does not quantize Q (only FP8 attention backends "
+        "do, e.g. FlashAttention 3 on Hopper): the Q scales take effect only there"
+    ]
+
+
+def compare(
+    checkpoint: StaticResult,
+    loaded: Sequence[LoadedScale],
+    requested_dtype: str,
+    protected_layers: Sequence[int] = (),
+) -> RuntimeResult:
     result = RuntimeResult(layers=checkpoint.shape.layers, loaded=list(loaded))
+    protected = set(protected_layers)
+    for layer in sorted(protected - set(range(checkpoint.shape.layers))):
+        why = f"protected layer {layer} does not exist: the model has {checkpoint.shape.layers} layers"
+        result.problems.append(Problem("protected-absent", why, layer))
     by_layer = {row.layer: row for row in loaded if row.layer is not None}
     dtypes = sorted({row.kv_cache_dtype for row in loaded})
     if not loaded:
@@ -133,12 +191,17 @@ def compare(checkpoint: StaticResult, loaded: Sequence[LoadedScale], requested_d
             result.mismatches += 1
             continue
         scales = checkpoint.scales.get(layer)
-        for kind in ("k", "v"):
-            expected = (scales.k if kind == "k" else scales.v) if scales else ()
-            problem = _compare_one(layer, kind, expected, row)
+        layer_problems = [_check_protected(layer, row, layer in protected)] if protected else []
+        if layer not in protected:  # a BF16 layer's K/V scales are unused, whatever vLLM keeps of them
+            for kind in ("k", "v"):
+                expected = (scales.k if kind == "k" else scales.v) if scales else ()
+                layer_problems.append(_compare_one(layer, kind, expected, row))
+        layer_problems.append(_compare_query(layer, scales.q if scales else (), row))
+        for problem in layer_problems:
             if problem:
                 result.problems.append(problem)
                 result.mismatches += 1
+    result.notes += _query_notes(checkpoint, loaded)
     collapsed = [p for p in result.problems if p.code == "collapsed"]
     if collapsed:
         result.notes.append(f"{len(collapsed)} per-head scales collapsed to per-tensor by this attention backend")
@@ -150,6 +213,7 @@ def read_back(
     kv_cache_dtype: str = "fp8",
     attention_backend: str | None = None,
     max_model_len: int = 512,
+    skip_layers: Sequence[int] = (),
 ) -> list[LoadedScale]:
     """Loads the checkpoint in a real vLLM engine (eager, small context) and reads every attention module's scales."""
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model pickles our function
@@ -172,6 +236,8 @@ def read_back(
     }
     if attention_backend:
         kwargs["attention_config"] = {"backend": attention_backend}
+    if skip_layers:
+        kwargs["kv_cache_dtype_skip_layers"] = [str(layer) for layer in skip_layers]
     llm = LLM(**kwargs)
     try:
         per_worker = llm.apply_model(read_kv_scales)

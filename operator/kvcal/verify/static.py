@@ -31,6 +31,7 @@ class ModelShape:
 class LayerScales:
     k: tuple[float, ...] = ()
     v: tuple[float, ...] = ()
+    q: tuple[float, ...] = ()
 
 
 @dataclass
@@ -192,8 +193,53 @@ def check_coverage(scale: tuple[float, ...], absmax: tuple[float, ...], layer: i
     return None
 
 
+def check_query(config: Mapping[str, Any], tensors: Mapping[str, Tensor], result: StaticResult, required: bool) -> None:
+    """q_scale per layer: finite and positive where present, present everywhere when `required`; and an attention
+    config group in the one form vLLM 0.32 accepts (a single target naming the attention class)."""
+    qc = config.get("quantization_config")
+    groups = qc.get("config_groups") if isinstance(qc, Mapping) else None
+    for name, group in (groups or {}).items():
+        targets = group.get("targets") if isinstance(group, Mapping) else None
+        if not isinstance(targets, list) or not any("att" in str(t).lower() for t in targets):
+            continue
+        if len(targets) != 1 or not str(targets[0]).endswith("Attention"):
+            result.problems.append(
+                Problem(
+                    "scheme",
+                    f"config_groups.{name}.targets {targets}: vLLM 0.32 skips attention quantization only for a "
+                    "group whose one target is the attention class (e.g. LlamaAttention), and fails to load this",
+                    tensor="config.json",
+                )
+            )
+    found = {layer: t for name, t in tensors.items() if (layer := names.query_layer(name)) is not None}
+    prefix = names.layer_prefix(list(tensors))
+    for layer in range(result.shape.layers):
+        tensor = found.get(layer)
+        if tensor is None:
+            if required:
+                result.problems.append(
+                    Problem(
+                        "q-missing",
+                        "missing: FP8 attention backends (FlashAttention 3, FlashInfer) then quantize Q with k_scale "
+                        "(calibrate with queryScales)",
+                        layer,
+                        f"{prefix}layers.{layer}.self_attn.q_scale",
+                    )
+                )
+            continue
+        result.scales.setdefault(layer, LayerScales()).q = tensor.values
+        bad = [x for x in tensor.values if not math.isfinite(x) or x <= 0]
+        if bad:
+            result.problems.append(
+                Problem("not-positive", f"q_scale {bad[0]} is not finite and positive", layer, tensor.name)
+            )
+
+
 def check(
-    config: Mapping[str, Any], tensors: Mapping[str, Tensor], report: Mapping[str, Any] | None = None
+    config: Mapping[str, Any],
+    tensors: Mapping[str, Tensor],
+    report: Mapping[str, Any] | None = None,
+    require_query: bool = False,
 ) -> StaticResult:
     shape = model_shape(config)
     strategy, problems = check_scheme(config)
@@ -252,6 +298,7 @@ def check(
                 clipped = check_coverage(tensor.values, amax, layer, tensor.name)
                 if clipped:
                     result.problems.append(clipped)
+    check_query(config, tensors, result, require_query)
     values = [x for s in result.scales.values() for x in (*s.k, *s.v)]
     if values and all(x == 1.0 for x in values):
         result.problems.append(
@@ -270,12 +317,13 @@ def load(directory: Path) -> tuple[dict[str, Any], dict[str, Tensor], dict[str, 
         raise FileNotFoundError(f"{config_path}: not found (CHECKPOINT_DIR must be a Hugging Face model folder)")
     config = json.loads(config_path.read_text())
     infos = index_checkpoint(directory)
-    scales = load_tensors(info for name, info in infos.items() if names.classify(name) is not None)
+    wanted = (info for name, info in infos.items() if names.classify(name) or names.query_layer(name) is not None)
+    scales = load_tensors(wanted)
     report_path = directory / REPORT_NAME
     report = json.loads(report_path.read_text()) if report_path.is_file() else None
     return config, scales, report if isinstance(report, dict) else None
 
 
-def verify(directory: Path) -> StaticResult:
+def verify(directory: Path, require_query: bool = False) -> StaticResult:
     config, scales, report = load(directory)
-    return check(config, scales, report)
+    return check(config, scales, report, require_query)

@@ -22,12 +22,13 @@ from kvcal.core.manifests.common import (
     volumes_and_mounts,
 )
 from kvcal.core.manifests.jobs import checkpoint_location
+from kvcal.core.protected import skip_layer_args
 from kvcal.models.spec import KVCalibrationSpec
 
 PROMOTED_ANNOTATION = "kvcal.dev/promoted-from"
 CHECKPOINT_ANNOTATION = "kvcal.dev/checkpoint"
 # Baseline flags that would override or contradict the calibrated scales, in any spelling vLLM accepts.
-_DROPPED_FLAGS = (vllm_flags.KV_CACHE_DTYPE, vllm_flags.CALCULATE_KV_SCALES)
+_DROPPED_FLAGS = (vllm_flags.KV_CACHE_DTYPE, vllm_flags.CALCULATE_KV_SCALES, vllm_flags.KV_CACHE_DTYPE_SKIP_LAYERS)
 
 
 class BaselineError(ValueError):
@@ -79,7 +80,7 @@ def fp8_container(container: Manifest, spec: KVCalibrationSpec, checkpoint: str,
     command, args = vllm_flags.without(command, _DROPPED_FLAGS), vllm_flags.without(args, _DROPPED_FLAGS)
     if vllm_flags.find(command + args, vllm_flags.SERVED_MODEL_NAME) is None:
         args += ["--served-model-name", old_model]
-    args += ["--kv-cache-dtype", spec.serving.canary.kv_cache_dtype]
+    args += ["--kv-cache-dtype", spec.serving.canary.kv_cache_dtype, *skip_layer_args(spec)]
     backend = spec.serving.canary.attention_backend
     if backend:
         args = [*vllm_flags.without(args, [vllm_flags.ATTENTION_BACKEND]), "--attention-backend", backend]

@@ -18,6 +18,7 @@ from kvcal.core.manifests.common import (
     verification_job_name,
     volumes_and_mounts,
 )
+from kvcal.core.protected import skip_layer_args
 from kvcal.models.spec import KVCalibrationSpec
 
 CONFIG_MOUNT = "/kvcal/config"
@@ -51,7 +52,7 @@ def calibration_config(spec: KVCalibrationSpec, max_model_len: int | None = None
     """
     model, dataset, output = _locations(spec)
     cal = spec.calibration
-    return {
+    config: dict[str, Any] = {
         "modelDir": model.path,
         "data": dataset.path,
         "out": output.path,
@@ -63,7 +64,10 @@ def calibration_config(spec: KVCalibrationSpec, max_model_len: int | None = None
         "observer": cal.observer,
         "pipeline": cal.pipeline,
         "force": True,
-    } | ({"maxModelLen": max_model_len} if max_model_len else {})
+    }
+    # Optional keys only when set: a pinned older calibrator reads this config too.
+    optional = {"maxModelLen": max_model_len, "queryScales": True if cal.query_scales else None}
+    return config | {key: value for key, value in optional.items() if value}
 
 
 def build_calibration_configmap(
@@ -200,6 +204,9 @@ def build_verification_job(
     ]
     if spec.serving.canary.attention_backend:
         command += ["--attention-backend", spec.serving.canary.attention_backend]
+    if spec.calibration.query_scales:
+        command += ["--query-scales"]
+    command += skip_layer_args(spec)
     container = _container(
         "verify",
         str(baseline_container["image"]),
