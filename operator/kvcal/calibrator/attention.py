@@ -26,7 +26,7 @@ def model_attention(pipeline: str) -> Iterator[None]:
     if pipeline != "basic" or forced is None:  # sequential needs eager; a newer llm-compressor may not force it
         yield
         return
-    helpers.use_eager_attention = _keep_attention  # type: ignore[assignment]  # mypy: a function is not a variable
+    helpers.use_eager_attention = _keep_attention  # type: ignore[assignment]  # monkeypatch of a typed function
     try:
         yield
     finally:
