@@ -8,7 +8,13 @@ llm-compressor observes are then those of a plain forward pass, bit for bit (tes
 """
 
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
+
+
+@contextmanager
+def _keep_attention(_model: object) -> Iterator[None]:
+    """Stands in for llm-compressor's `use_eager_attention`: leaves the model's attention as it is."""
+    yield
 
 
 @contextmanager
@@ -20,7 +26,7 @@ def model_attention(pipeline: str) -> Iterator[None]:
     if pipeline != "basic" or forced is None:  # sequential needs eager; a newer llm-compressor may not force it
         yield
         return
-    helpers.use_eager_attention = lambda _model: nullcontext()
+    helpers.use_eager_attention = _keep_attention  # type: ignore[assignment]  # monkeypatch of a typed function
     try:
         yield
     finally:
