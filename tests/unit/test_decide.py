@@ -14,6 +14,7 @@ from kvcal.core.observations import (
     PROMOTE_ANNOTATION,
     RETRY_ANNOTATION,
     Apply,
+    ApplyOwnedFields,
     ClearAnnotations,
     Create,
     Decision,
@@ -103,7 +104,7 @@ def summarize(d: Decision) -> list[str]:
     out = []
     for a in d.actions:
         match a:
-            case Create(manifest=mf) | Apply(manifest=mf):
+            case Create(manifest=mf) | Apply(manifest=mf) | ApplyOwnedFields(manifest=mf):
                 out.append(f"{type(a).__name__} {mf['kind']}/{mf['metadata']['name']}")
             case Patch(kind=k, name=n) | Delete(kind=k, name=n):
                 out.append(f"{type(a).__name__} {k}/{n}")
@@ -258,7 +259,7 @@ CASES = [
         ),
         {"canary": canary(), "measurements": (m("Successful"),)},
         P.PROMOTING,
-        ["SetWeight 50", "Patch Deployment/llm"],
+        ["SetWeight 50", "ApplyOwnedFields Deployment/llm"],
         ["Promoting"],
     ),
     Case(
@@ -290,7 +291,7 @@ CASES = [
         status(P.AWAITING_PROMOTION),
         {"canary": canary(), "gates": {PROMOTE_ANNOTATION: "1"}},
         P.PROMOTING,
-        [f"Clear {PROMOTE_ANNOTATION}", "Patch Deployment/llm"],
+        [f"Clear {PROMOTE_ANNOTATION}", "ApplyOwnedFields Deployment/llm"],
         ["Promoting"],
     ),
     Case(

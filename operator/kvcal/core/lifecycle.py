@@ -28,13 +28,13 @@ from kvcal.core.observations import (
     PROMOTE_ANNOTATION,
     Action,
     Apply,
+    ApplyOwnedFields,
     ClearAnnotations,
     Create,
     Decision,
     Delete,
     Event,
     Observations,
-    Patch,
     SetWeight,
 )
 from kvcal.core.phases import check_transition
@@ -413,9 +413,7 @@ def _promoting(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> No
         return
     name = spec.serving.baseline.deployment
     if not is_promoted(baseline.manifest, draft.obs.owner, current_hash):
-        draft.do(
-            Patch("Deployment", name, build_promoted_baseline(draft.obs.owner, spec, current_hash, baseline.manifest))
-        )
+        draft.do(ApplyOwnedFields(build_promoted_baseline(draft.obs.owner, spec, current_hash, baseline.manifest)))
         draft.condition("Promoted", "False", "RollingOut", f"rolling {name} to the calibrated checkpoint with FP8 KV")
         draft.wait(f"rolling the baseline {name} to the calibrated checkpoint")
         return

@@ -25,11 +25,12 @@ from kvcal.core.decide import OBSERVES, decide, measurement_due
 from kvcal.core.deletion import decide_deletion
 from kvcal.core.endpoints import probe_urls
 from kvcal.core.events import history_event, history_event_name
-from kvcal.core.manifests import Owner, calibration_job_name, canary_name, verification_job_name
+from kvcal.core.manifests import FIELD_MANAGER, Owner, calibration_job_name, canary_name, verification_job_name
 from kvcal.core.manifests.common import LABEL_CALIBRATION, LABEL_MANAGED_BY, MANAGED_BY, label_value
 from kvcal.core.observations import (
     GATE_ANNOTATIONS,
     Apply,
+    ApplyOwnedFields,
     ChildKind,
     ClearAnnotations,
     Create,
@@ -366,6 +367,8 @@ class Reconciler:
                     self.kube.apply(m)
                 case Patch(kind=kind, name=name, patch=patch):
                     self.kube.patch(kind, ns, name, patch)
+                case ApplyOwnedFields(manifest=m):
+                    self.kube.apply_owned_fields(m, FIELD_MANAGER)
                 case Delete(kind=kind, name=name):
                     self.kube.delete(kind, ns, name)
                 case SetWeight(weight=weight):
