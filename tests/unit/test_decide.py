@@ -360,7 +360,7 @@ CASES = [
     Case(
         "abort after success is ignored",
         status(P.SUCCEEDED),
-        {"gates": {ABORT_ANNOTATION: "1"}},
+        {"gates": {ABORT_ANNOTATION: "1"}, "baseline": baseline(promoted=True)},
         P.SUCCEEDED,
         [f"Clear {ABORT_ANNOTATION}"],
         ["AbortIgnored"],
@@ -405,7 +405,7 @@ CASES = [
         [f"Clear {RETRY_ANNOTATION}"],
         ["RetryIgnored"],
     ),
-    Case("terminal phases stay", status(P.SUCCEEDED), {}, P.SUCCEEDED, []),
+    Case("terminal phases stay", status(P.SUCCEEDED), {"baseline": baseline(promoted=True)}, P.SUCCEEDED, []),
 ]
 
 

@@ -9,8 +9,7 @@ from typing import Any
 from kvcal.core.conditions import get_condition
 from kvcal.core.decide import decide
 from kvcal.core.inuse import output_in_use
-from kvcal.core.manifests import calibration_job_name, verification_job_name
-from kvcal.core.manifests import build_promoted_baseline
+from kvcal.core.manifests import build_promoted_baseline, calibration_job_name, verification_job_name
 from kvcal.core.manifests.canary import fp8_pod_spec
 from kvcal.core.manifests.common import serving_verification_job_name
 from kvcal.core.observations import RECALIBRATE_ANNOTATION, ClearAnnotations, Create, Delete, DeploymentState

@@ -140,7 +140,9 @@ class Builder:
         self.actions.extend(action for action in actions if action not in self.actions)
 
     def finish(self) -> Decision:
-        ready = self.phase == Phase.SUCCEEDED
+        promoted = get_condition(self.status.conditions, "Promoted")
+        reverted = promoted is not None and promoted.status == "False"  # in Succeeded: reverted (core.reverts)
+        ready = self.phase == Phase.SUCCEEDED and not reverted
         self.condition("Ready", "True" if ready else "False", str(self.phase), self.status.message or "")
         requeue = self.requeue if self.requeue is not None else POLL_SECONDS[self.phase]
         if self.phase != self.start.phase:

@@ -43,6 +43,7 @@ from kvcal.core.observations import (
     SetWeight,
 )
 from kvcal.core.policy import Policy
+from kvcal.core.reverts import is_reverted
 from kvcal.core.spechash import effective_spec_hash
 from kvcal.core.timestamps import parse_rfc3339, rfc3339
 from kvcal.metrics import OperatorMetrics
@@ -256,6 +257,7 @@ class Reconciler:
             self.kube.remove_annotations(owner.namespace, owner.name, sorted(set(keys)))
         if self.metrics:
             self.metrics.set_phase(owner.namespace, owner.name, decision.status.phase)
+            self.metrics.set_reverted(owner.namespace, owner.name, is_reverted(decision.status))
             if decision.status.phase != before.phase and before.phase_started_at:
                 started = parse_rfc3339(before.phase_started_at)
                 self.metrics.phase_left(before.phase, (now - started).total_seconds())

@@ -72,6 +72,11 @@ def _replace_model(command: list[str], args: list[str], checkpoint: str) -> tupl
     )
 
 
+def served_model(container: Manifest) -> str:
+    """The model a vLLM container serves (`--model X` or `vllm serve X`); BaselineError when it names none."""
+    return _replace_model(list(container.get("command") or []), list(container.get("args") or []), "")[2]
+
+
 def fp8_container(container: Manifest, spec: KVCalibrationSpec, checkpoint: str, mounts: list[Manifest]) -> Manifest:
     """The vLLM container rolled to the calibrated checkpoint with FP8 KV."""
     out = copy.deepcopy(container)
