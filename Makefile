@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 PYTEST_ARGS ?=
 
-.PHONY: deps venv control-plane prometheus lint test test-fast demo compare cluster bench clean
+.PHONY: deps venv control-plane prometheus argocd lint test test-fast demo compare cluster bench clean
 
 venv:
 	bash hack/setup-venv.sh
@@ -21,7 +21,12 @@ prometheus:
 	@command -v prometheus >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
 	@prometheus --version 2>&1 | head -1
 
-deps: venv control-plane prometheus
+# Argo CD v3.2 (built from Go modules into $(KVCAL_CACHE)/bin) and redis for the GitOps tests (tests/e2e/test_argocd.py).
+argocd:
+	@command -v redis-server >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+	bash hack/build-argocd.sh
+
+deps: venv control-plane prometheus argocd
 
 lint: venv
 	$(VENV)/bin/ruff check operator tests benchmarks

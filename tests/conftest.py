@@ -12,4 +12,5 @@ pytest_plugins = [
     "tests.support.demo",
     "tests.support.vllm",
     "tests.support.prometheus",
+    "tests.support.argocd",
 ]
