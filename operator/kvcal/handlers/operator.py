@@ -153,8 +153,8 @@ def build_registry(reconciler: Reconciler, wakers: Wakers, api: client.ApiClient
     @kopf.on.event("apps", "v1", "deployments", annotations=promoted, id="kvcal-wake-promoted", registry=registry)
     async def wake_from_promoted(body: kopf.Body, **_: Any) -> None:
         marker = str(body.get("metadata", {}).get("annotations", {}).get(PROMOTED_ANNOTATION, ""))
-        namespace, _, rest = marker.partition("/")
-        wakers.wake(namespace, rest.rpartition("@")[0])
+        namespace, name_at_hash = marker.partition("/")[::2]
+        wakers.wake(namespace, name_at_hash.rpartition("@")[0])
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, id="kvcal-cleanup", registry=registry)
     async def cleanup(name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
