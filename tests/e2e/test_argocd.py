@@ -216,3 +216,42 @@ def test_a_rollback_is_degraded(gitops: GitOps) -> None:
     w.wait_phase(NAME, "RolledBack", 60)
     g.wait_health("Degraded")
     assert g.argocd.sync_and_health(g.app)[0] == "Synced"
+
+
+def test_changed_in_git_recalibrates_and_removed_from_git_is_pruned(gitops: GitOps) -> None:
+    """A new dataset committed while calibrating starts over with a new Job; the KVCalibration deleted from Git is
+    pruned by Argo CD, and kvcal's finalizer takes the canary out before it goes: the baseline serves alone again."""
+    g, w = gitops, gitops.world
+    g.repo.commit(g.team(), "calibrate")
+    g.argocd.create_application(application(g.app, g.repo, w.namespace, keep_promotion=True))
+    w.wait_phase(NAME, "Calibrating", 60)
+    first_job = wait_for(lambda: w.kvcal(NAME)["status"].get("calibration", {}).get("job"), 30, "the first Job")
+    team = g.team(calibration={"dataset": {"source": "configmap://prompts/prompts-v2.jsonl"}})
+    prompts = team["team/prompts.yaml"][0]
+    prompts["data"]["prompts-v2.jsonl"] = prompts["data"]["prompts.jsonl"]
+    g.repo.commit(team, "a new calibration dataset")
+    g.argocd.refresh(g.app)
+
+    def recalibrating() -> str | None:
+        job: str | None = w.kvcal(NAME).get("status", {}).get("calibration", {}).get("job")
+        return job if job and job != first_job and w.phase(NAME) == "Calibrating" else None
+
+    second_job = wait_for(recalibrating, 60, "a new calibration Job for the new dataset")
+    assert second_job != first_job
+    g.finish_job("calibration", CALIBRATION_SUMMARY)
+    w.wait_phase(NAME, "Verifying", 60)
+    g.finish_job("verification", VERIFICATION_SUMMARY)
+    w.wait_phase(NAME, "AwaitingPromotion", 120)
+    assert w.children("Deployment", NAME) == [f"{NAME}-canary"]
+    before = w.kube.get("Deployment", w.namespace, "llm")
+    assert before is not None
+
+    del team["team/kvcalibration.yaml"]
+    (g.repo.path / "team" / "kvcalibration.yaml").unlink()
+    g.repo.commit(team, "no more FP8 KV for this model")
+    g.argocd.refresh(g.app)
+    wait_for(lambda: w.kube.get(KIND, w.namespace, NAME) is None, 90, "Argo CD to prune the KVCalibration")
+    assert w.children("Deployment", NAME) == [] and w.children("Service", NAME) == []
+    after = w.kube.get("Deployment", w.namespace, "llm")
+    assert after is not None and after["spec"]["template"] == before["spec"]["template"]  # the baseline alone
+    wait_for(lambda: g.argocd.sync_and_health(g.app) == ("Synced", "Healthy"), 60, "Synced and Healthy")
