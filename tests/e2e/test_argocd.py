@@ -136,7 +136,7 @@ def test_health_through_the_lifecycle_and_a_promotion_that_self_heal_keeps(gitop
     g.argocd.create_application(application(g.app, g.repo, w.namespace, keep_promotion=True))
     g.run_to_awaiting_promotion()
     g.wait_health("Suspended")
-    assert g.argocd.sync_and_health(g.app) == ("Synced", "Suspended")
+    wait_for(lambda: g.argocd.sync_and_health(g.app) == ("Synced", "Suspended"), 60, "the Application Suspended")
 
     w.cluster.kubectl("annotate", "-n", w.namespace, f"kvcalibration/{NAME}", "kvcal.dev/promote=argocd-e2e")
     obj = w.wait_phase(NAME, "Succeeded", 120)
