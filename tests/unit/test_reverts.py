@@ -89,3 +89,17 @@ def test_args_managers_name_who_owns_the_args_now() -> None:
     manifest: dict[str, Any] = reverted_baseline("kubectl-rollout").manifest
     assert args_managers(manifest, "vllm") == ["kubectl-rollout (Update)"]
     assert args_managers(manifest, "sidecar") == []
+
+
+def test_the_reverted_metric_is_one_while_reverted_and_gone_after() -> None:
+    from kvcal.metrics import OperatorMetrics
+
+    metrics = OperatorMetrics()
+    labels = {"namespace": "llm", "name": "smollm2"}
+    metrics.set_reverted("llm", "smollm2", True)
+    assert metrics.registry.get_sample_value("kvcal_promotion_reverted", labels) == 1.0
+    metrics.set_reverted("llm", "smollm2", False)
+    assert metrics.registry.get_sample_value("kvcal_promotion_reverted", labels) is None
+    metrics.set_reverted("llm", "smollm2", True)
+    metrics.set_phase("llm", "smollm2", None)  # deleted
+    assert metrics.registry.get_sample_value("kvcal_promotion_reverted", labels) is None
