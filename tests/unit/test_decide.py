@@ -287,6 +287,14 @@ CASES = [
     Case("canary deleted during analysis", ANALYZING, {}, P.DEPLOYING, [], ["CanaryMissing"]),
     Case("awaiting promotion", status(P.AWAITING_PROMOTION), {"canary": canary()}, P.AWAITING_PROMOTION, []),
     Case(
+        "promotion committed to Git (kvcal promotion-patch): kvcal does not write the baseline",
+        status(P.AWAITING_PROMOTION),
+        {"canary": canary(), "baseline": baseline(updated_replicas=1, promoted=True)},
+        P.PROMOTING,
+        [],
+        ["PromotedThroughGit"],
+    ),
+    Case(
         "kvcal promote",
         status(P.AWAITING_PROMOTION),
         {"canary": canary(), "gates": {PROMOTE_ANNOTATION: "1"}},

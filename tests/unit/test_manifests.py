@@ -242,3 +242,17 @@ def test_canary_gets_a_hardened_security_context_where_the_baseline_has_none() -
     pod = build_canary_deployment(OWNER, SPEC, own, 1)["spec"]["template"]["spec"]
     assert pod["securityContext"] == own_pod["securityContext"]  # the baseline's own choice is kept
     assert pod["containers"][0]["securityContext"] == {"readOnlyRootFilesystem": True}
+
+
+def test_the_git_patch_is_the_promotion_without_a_namespace() -> None:
+    from kvcal.core.manifests.promotion import promotion_patch
+    from kvcal.gitpatch import render
+
+    applied = build_promoted_baseline(OWNER, SPEC, H, baseline_manifest())
+    patch = promotion_patch(applied)
+    assert "namespace" not in patch["metadata"] and patch["spec"] == applied["spec"]
+    assert patch["metadata"]["annotations"] == applied["metadata"]["annotations"]  # the marker kvcal waits for
+    text = render(patch)
+    assert "#   container vllm args: --model /kvcal/pvc/models/smollm2-fp8kv" in text
+    assert yaml.safe_load(text) == patch
+

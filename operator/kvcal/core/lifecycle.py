@@ -404,7 +404,14 @@ def _awaiting_promotion(draft: Builder, spec: KVCalibrationSpec, current_hash: s
         draft.move(Phase.PROMOTING, "Promoting", "promoted by the kvcal.dev/promote annotation")
         _promoting(draft, spec, current_hash)
         return
-    draft.wait(f"waiting for `kvcal promote {draft.obs.owner.name}` (or the kvcal.dev/promote annotation)")
+    baseline = draft.obs.baseline
+    if baseline is not None and is_promoted(baseline.manifest, draft.obs.owner, current_hash):
+        # `kvcal promotion-patch` committed to Git and synced: the baseline already carries the promotion.
+        draft.move(Phase.PROMOTING, "PromotedThroughGit", "the baseline carries the promotion (from Git): rolling out")
+        _promoting(draft, spec, current_hash)
+        return
+    name = draft.obs.owner.name
+    draft.wait(f"waiting for `kvcal promote {name}`, or `kvcal promotion-patch {name}` committed to Git")
 
 
 def _promoting(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> None:

@@ -65,3 +65,10 @@ def build_promoted_baseline(owner: Owner, spec: KVCalibrationSpec, spec_hash: st
             "template": {"spec": pod_fields},
         },
     }
+
+
+def promotion_patch(applied: Manifest) -> Manifest:
+    """The promotion as a strategic-merge patch to commit beside the baseline (kustomize `patches:`, or merged into
+    the Deployment's YAML by hand): the apply configuration without a namespace, so it matches wherever it lands."""
+    metadata = {key: value for key, value in applied["metadata"].items() if key != "namespace"}
+    return {**applied, "metadata": metadata}
