@@ -28,19 +28,22 @@ def _kube(kubeconfig: str | None) -> tuple[KubeClient, str]:
     return KubeClient(api_client), context.get("context", {}).get("namespace") or "default"
 
 
+def _flow(value: object) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=999).strip()
+
+
 def render(patch: dict[str, object]) -> str:
     """The plain values as comments, then the patch."""
     spec = patch["spec"]
     assert isinstance(spec, dict)
+    pod = spec["template"]["spec"]
     lines = ["# kvcal promotion: commit as a kustomize patch, or set these fields on the Deployment:"]
-    for container in spec["template"]["spec"]["containers"]:
+    for container in pod["containers"]:
         lines.append(f"#   container {container['name']} args: {' '.join(container['args'])}")
-        for mount in container.get("volumeMounts") or []:
-            lines.append(
-                f"#   container {container['name']} volumeMount: {yaml.safe_dump(mount, default_flow_style=True, width=999).strip()}"
-            )
-    for volume in spec["template"]["spec"].get("volumes") or []:
-        lines.append(f"#   volume: {yaml.safe_dump(volume, default_flow_style=True, width=999).strip()}")
+        lines += [
+            f"#   container {container['name']} volumeMount: {_flow(m)}" for m in container.get("volumeMounts") or []
+        ]
+    lines += [f"#   volume: {_flow(volume)}" for volume in pod.get("volumes") or []]
     return "\n".join(lines) + "\n" + yaml.safe_dump(patch, sort_keys=False)
 
 
