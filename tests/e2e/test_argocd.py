@@ -112,6 +112,38 @@ class GitOps:
         return args
 
 
+def strategic_merge(base: Any, patch: Any) -> Any:
+    """A strategic-merge patch as kubectl/kustomize apply it to what this test commits: maps merge, lists of named
+    items (containers, volumes, volumeMounts) merge by name, other lists are replaced."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        return {**base, **{k: strategic_merge(base[k], v) if k in base else v for k, v in patch.items()}}
+    named = isinstance(base, list) and isinstance(patch, list)
+    if named and all(isinstance(item, dict) and "name" in item for item in [*base, *patch]):
+        by_name = {item["name"]: item for item in patch}
+        merged = [
+            strategic_merge(item, by_name.pop(item["name"])) if item["name"] in by_name else item for item in base
+        ]
+        return merged + list(by_name.values())
+    return patch
+
+
+def promotion_patch(w: World) -> dict[str, Any]:
+    """`kvcal promotion-patch NAME` as a person runs it; its stdout parsed."""
+    import contextlib
+    import io
+
+    import yaml
+
+    from kvcal.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["promotion-patch", NAME, "-n", w.namespace, "--kubeconfig", w.cluster.kubeconfig]) == 0
+    patch: dict[str, Any] = yaml.safe_load(out.getvalue())
+    assert out.getvalue().startswith("# kvcal promotion") and "args: --model" in out.getvalue()
+    return patch
+
+
 def promoted(args: list[str]) -> bool:
     return "--kv-cache-dtype" in args and args[args.index("--model") + 1].startswith("/kvcal/host/")
 
@@ -254,4 +286,27 @@ def test_changed_in_git_recalibrates_and_removed_from_git_is_pruned(gitops: GitO
     assert w.children("Deployment", NAME) == [] and w.children("Service", NAME) == []
     after = w.kube.get("Deployment", w.namespace, "llm")
     assert after is not None and after["spec"]["template"] == before["spec"]["template"]  # the baseline alone
+    wait_for(lambda: g.argocd.sync_and_health(g.app) == ("Synced", "Healthy"), 60, "Synced and Healthy")
+
+
+def test_promotion_through_git_completes_when_the_commit_lands(gitops: GitOps) -> None:
+    """No ignoreDifferences: the team commits `kvcal promotion-patch` while Argo CD shows Suspended; kvcal finishes
+    the promotion once Argo CD has synced it, without writing the baseline, and self-heal has nothing to revert."""
+    g, w = gitops, gitops.world
+    g.repo.commit(g.team(), "calibrate")
+    g.argocd.create_application(application(g.app, g.repo, w.namespace, keep_promotion=False))
+    g.run_to_awaiting_promotion()
+    g.wait_health("Suspended")
+    team = g.team()
+    team["team/serving.yaml"][0] = strategic_merge(team["team/serving.yaml"][0], promotion_patch(w))
+    revision = g.repo.commit(team, "serve the calibrated checkpoint with FP8 KV")
+    g.argocd.refresh(g.app)
+    obj = w.wait_phase(NAME, "Succeeded", 120)
+    assert "PromotedThroughGit" in [h["reason"] for h in obj["status"]["history"]]
+    g.wait_health("Healthy")
+    assert g.argocd.application(g.app)["status"]["sync"]["revision"] == revision
+    live = w.kube.get("Deployment", w.namespace, "llm")
+    assert live is not None and FIELD_MANAGER not in {m["manager"] for m in live["metadata"]["managedFields"]}
+    g.argocd.refreshed(g.app, "hard")
+    assert promoted(g.baseline_args()) and condition(w.kvcal(NAME), "Promoted")["status"] == "True"
     wait_for(lambda: g.argocd.sync_and_health(g.app) == ("Synced", "Healthy"), 60, "Synced and Healthy")

@@ -255,4 +255,3 @@ def test_the_git_patch_is_the_promotion_without_a_namespace() -> None:
     text = render(patch)
     assert "#   container vllm args: --model /kvcal/pvc/models/smollm2-fp8kv" in text
     assert yaml.safe_load(text) == patch
-

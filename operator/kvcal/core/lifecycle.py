@@ -379,7 +379,8 @@ def _analyzing(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> No
         draft.move(
             Phase.AWAITING_PROMOTION,
             "AwaitingPromotion",
-            f"analysis passed ({verdict.reason}); run `kvcal promote {draft.obs.owner.name}` to promote",
+            f"analysis passed ({verdict.reason}); run `kvcal promote {draft.obs.owner.name}` to promote "
+            f"(or commit `kvcal promotion-patch {draft.obs.owner.name}` to Git)",
         )
         return
     draft.move(Phase.PROMOTING, "Promoting", f"analysis passed ({verdict.reason}): promoting")
