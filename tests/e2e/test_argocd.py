@@ -95,9 +95,15 @@ class GitOps:
     def finish_job(self, step: str, summary: dict[str, Any]) -> None:
         finish_job(self.world, step, summary)
 
+    def wait_synced(self) -> None:
+        """Until Argo CD has created the KVCalibration from Git."""
+        w = self.world
+        wait_for(lambda: w.kube.get(KIND, w.namespace, NAME), 120, "Argo CD to sync the KVCalibration from Git")
+
     def run_to_awaiting_promotion(self) -> None:
         """Calibrating (Progressing) -> ... -> AwaitingPromotion; the Jobs are completed with their summaries."""
         w = self.world
+        self.wait_synced()
         w.wait_phase(NAME, "Calibrating", 60)
         self.wait_health("Progressing")
         self.finish_job("calibration", CALIBRATION_SUMMARY)
@@ -186,7 +192,8 @@ def test_health_through_the_lifecycle_and_a_promotion_that_self_heal_keeps(gitop
         assert promoted(g.baseline_args()), f"refresh {cycle + 1} reverted the promotion: {g.baseline_args()}"
 
     team = g.team()
-    team["team/serving.yaml"][0]["metadata"]["labels"]["team"] = "inference"
+    relabelled = team["team/serving.yaml"][0]["metadata"]
+    relabelled["labels"] = {**relabelled["labels"], "team": "inference"}  # not the selector's (immutable) dict
     revision = g.repo.commit(team, "label the model server")
     g.argocd.refresh(g.app)
 
@@ -209,6 +216,7 @@ def test_without_the_settings_self_heal_reverts_and_kvcal_reports_it(gitops: Git
     g, w = gitops, gitops.world
     g.repo.commit(g.team(promotion={"mode": "auto"}), "calibrate and promote on a passing analysis")
     g.argocd.create_application(application(g.app, g.repo, w.namespace, keep_promotion=False))
+    g.wait_synced()
     w.wait_phase(NAME, "Calibrating", 60)
     g.finish_job("calibration", CALIBRATION_SUMMARY)
     w.wait_phase(NAME, "Verifying", 60)
@@ -242,6 +250,7 @@ def test_a_rollback_is_degraded(gitops: GitOps) -> None:
     g, w = gitops, gitops.world
     g.repo.commit(g.team(), "calibrate")
     g.argocd.create_application(application(g.app, g.repo, w.namespace, keep_promotion=True))
+    g.wait_synced()
     w.wait_phase(NAME, "Calibrating", 60)
     g.wait_health("Progressing")
     w.cluster.kubectl("annotate", "-n", w.namespace, f"kvcalibration/{NAME}", "kvcal.dev/abort=argocd-e2e")
@@ -256,6 +265,7 @@ def test_changed_in_git_recalibrates_and_removed_from_git_is_pruned(gitops: GitO
     g, w = gitops, gitops.world
     g.repo.commit(g.team(), "calibrate")
     g.argocd.create_application(application(g.app, g.repo, w.namespace, keep_promotion=True))
+    g.wait_synced()
     w.wait_phase(NAME, "Calibrating", 60)
     first_job = wait_for(lambda: w.kvcal(NAME)["status"].get("calibration", {}).get("job"), 30, "the first Job")
     team = g.team(calibration={"dataset": {"source": "configmap://prompts/prompts-v2.jsonl"}})

@@ -144,7 +144,9 @@ def _configure(cluster: Cluster) -> None:
     crds = [str(share / "crds" / f) for f in ("application-crd.yaml", "appproject-crd.yaml")]
     cluster.kubectl("apply", "--server-side", "--force-conflicts", *(a for crd in crds for a in ("-f", crd)))
     for crd in ("applications.argoproj.io", "appprojects.argoproj.io"):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+        wait = ("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=5s")
+        # A CRD just created has no status.conditions yet, which `kubectl wait` reports as an error.
+        wait_for(lambda: cluster.kubectl(*wait, check=False).returncode == 0, 60, f"{crd} established")
     for config in sorted((share / "config").glob("*.yaml")):
         cluster.kubectl("apply", "-n", NAMESPACE, "-f", str(config))
     secret = {"stringData": {"server.secretkey": os.urandom(16).hex()}}
