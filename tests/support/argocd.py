@@ -146,7 +146,7 @@ def _configure(cluster: Cluster) -> None:
     for crd in ("applications.argoproj.io", "appprojects.argoproj.io"):
         wait = ("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=5s")
         # A CRD just created has no status.conditions yet, which `kubectl wait` reports as an error.
-        wait_for(lambda: cluster.kubectl(*wait, check=False).returncode == 0, 60, f"{crd} established")
+        wait_for(lambda args=wait: cluster.kubectl(*args, check=False).returncode == 0, 60, f"{crd} established")
     for config in sorted((share / "config").glob("*.yaml")):
         cluster.kubectl("apply", "-n", NAMESPACE, "-f", str(config))
     secret = {"stringData": {"server.secretkey": os.urandom(16).hex()}}
