@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 PYTEST_ARGS ?=
 
-.PHONY: deps venv control-plane prometheus oci images lint test test-fast test-images demo compare cluster bench clean
+.PHONY: deps venv control-plane prometheus argocd oci images lint test test-fast test-images demo compare cluster bench clean
 
 venv:
 	bash hack/setup-venv.sh
@@ -34,7 +34,12 @@ images: oci venv
 	bash hack/oci-harness.sh vllm-openai
 	eval "$$(bash hack/oci-harness.sh env)" && $(PY) -m kvcal.devenv.images build verifier --pull never
 
-deps: venv control-plane prometheus oci
+# Argo CD v3.2 (built from Go modules into $(KVCAL_CACHE)/bin) and redis for the GitOps tests (tests/e2e/test_argocd.py).
+argocd:
+	@command -v redis-server >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+	bash hack/build-argocd.sh
+
+deps: venv control-plane prometheus argocd oci
 
 lint: venv
 	$(VENV)/bin/ruff check operator tests benchmarks

@@ -2,7 +2,8 @@
 -- Healthy: the calibrated checkpoint is promoted. Suspended: waiting for a manual promotion.
 -- Degraded: rolled back, failed, or the spec is invalid; also while reconcile passes fail
 -- (ReconcileError=True) or when a promoted checkpoint no longer verifies in the baseline's vLLM
--- (ServingVerified=False). Progressing: any running phase, or the operator has not yet seen the
+-- (ServingVerified=False), or when a sync or a person reverted the promotion in the baseline
+-- (Promoted=False in Succeeded). Progressing: any running phase, or the operator has not yet seen the
 -- latest spec (status.observedGeneration < metadata.generation). A spec change after the run
 -- ended (SpecCurrent=False) keeps the health and says how to recalibrate.
 local hs = {}
@@ -68,9 +69,13 @@ end
 local failing = condition("ReconcileError")
 local serving = condition("ServingVerified")
 local current = condition("SpecCurrent")
+local promoted = condition("Promoted")
 if failing ~= nil and failing.status == "True" then
   hs.status = "Degraded"
   hs.message = "Reconcile failing: " .. tostring(failing.message) .. " (" .. hs.message .. ")"
+elseif status.phase == "Succeeded" and promoted ~= nil and promoted.status == "False" then
+  hs.status = "Degraded"
+  hs.message = "Promotion reverted: " .. tostring(promoted.message)
 elseif serving ~= nil and serving.status == "False" then
   hs.status = "Degraded"
   hs.message = tostring(serving.message)

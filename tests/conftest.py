@@ -13,4 +13,5 @@ pytest_plugins = [
     "tests.support.vllm",
     "tests.support.prometheus",
     "tests.support.oci",
+    "tests.support.argocd",
 ]

@@ -56,6 +56,13 @@ class OperatorMetrics:
             ["namespace", "name", "role"],
             registry=self.registry,
         )
+        self.promotion_reverted = Gauge(
+            "kvcal_promotion_reverted",
+            "1 while a Succeeded KVCalibration's baseline no longer serves the promoted checkpoint (Promoted=False, "
+            "reason Reverted: a sync or a person put the old config back)",
+            ["namespace", "name"],
+            registry=self.registry,
+        )
         self._phases: dict[tuple[str, str], Phase] = {}
         self._lock = threading.Lock()
         for phase in Phase:
@@ -74,8 +81,17 @@ class OperatorMetrics:
     def phase_left(self, phase: Phase, seconds: float) -> None:
         self.phase_seconds.labels(phase=phase.value).observe(max(0.0, seconds))
 
+    def set_reverted(self, namespace: str, name: str, reverted: bool) -> None:
+        if reverted:
+            self.promotion_reverted.labels(namespace=namespace, name=name).set(1)
+        else:
+            with contextlib.suppress(KeyError):  # no series: it was never reverted
+                self.promotion_reverted.remove(namespace, name)
+
     def set_phase(self, namespace: str, name: str, phase: Phase | None) -> None:
         """Record the phase of one object (None: it is gone) and refresh the per-phase gauge."""
+        if phase is None:
+            self.set_reverted(namespace, name, False)
         with self._lock:
             if phase is None:
                 self._phases.pop((namespace, name), None)

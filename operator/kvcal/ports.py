@@ -41,6 +41,11 @@ class Kube(Protocol):
         """JSON merge patch (RFC 7386)."""
         ...
 
+    def apply_owned_fields(self, manifest: Manifest, field_manager: str) -> None:
+        """Server-side apply of `manifest` (only the fields it names) as `field_manager`, taking conflicting fields
+        over (force); other managers' fields are left as they are."""
+        ...
+
     def delete(self, kind: Kind, namespace: str, name: str) -> bool:
         """Delete (background propagation); False when it was already gone."""
         ...

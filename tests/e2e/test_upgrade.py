@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from kvcal.cli import main as kvcal_cli
-from kvcal.core.manifests import Owner, build_promoted_baseline
+from kvcal.core.manifests import FIELD_MANAGER, Owner, build_promoted_baseline
 from kvcal.core.spechash import spec_hash
 from kvcal.models.spec import KVCalibrationSpec
 from tests.e2e.test_lifecycle import World, baseline, condition, dataset_configmap, kvcalibration, world
@@ -70,11 +70,8 @@ def succeeded_under_old_operator(w: World, name: str, model: Path) -> tuple[str,
     deployment = w.kube.get("Deployment", w.namespace, "llm")
     assert deployment is not None
     owner = Owner(name, w.namespace, obj["metadata"]["uid"])
-    w.kube.patch(
-        "Deployment",
-        w.namespace,
-        "llm",
-        build_promoted_baseline(owner, spec, status["calibration"]["specHash"], deployment),
+    w.kube.apply_owned_fields(
+        build_promoted_baseline(owner, spec, status["calibration"]["specHash"], deployment), FIELD_MANAGER
     )
     return job_name, w.kvcal(name)
 

@@ -134,3 +134,17 @@ def test_failing_reconciles_and_unverified_serving_are_degraded() -> None:
     assert changed["status"] == "Healthy" and "kvcal recalibrate" in changed["message"]
     recovered = run_health(succeeded("ReconcileError", "False", "the last pass succeeded"))
     assert recovered["status"] == "Healthy"
+
+
+def test_a_reverted_promotion_is_degraded() -> None:
+    """Issue #11: Succeeded with Promoted=False (a sync or a person put BF16 back) is Degraded, not Healthy."""
+    from kvcal.core.conditions import set_condition
+    from kvcal.models.status import KVCalibrationStatus
+    from tests.unit.test_decide_support import NOW
+
+    conditions = set_condition([], "Promoted", "False", "Reverted", "changed by argocd-controller", NOW, 3)
+    status = KVCalibrationStatus(phase=Phase.SUCCEEDED, observed_generation=3, conditions=conditions)
+    hs = run_health(kvcal(status.to_wire()))
+    assert hs["status"] == "Degraded" and "argocd-controller" in hs["message"]
+    rolled_back = KVCalibrationStatus(phase=Phase.ROLLED_BACK, observed_generation=3, conditions=conditions)
+    assert run_health(kvcal(rolled_back.to_wire()))["status"] == "Degraded"

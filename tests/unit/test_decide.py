@@ -14,6 +14,7 @@ from kvcal.core.observations import (
     PROMOTE_ANNOTATION,
     RETRY_ANNOTATION,
     Apply,
+    ApplyOwnedFields,
     ClearAnnotations,
     Create,
     Decision,
@@ -103,7 +104,7 @@ def summarize(d: Decision) -> list[str]:
     out = []
     for a in d.actions:
         match a:
-            case Create(manifest=mf) | Apply(manifest=mf):
+            case Create(manifest=mf) | Apply(manifest=mf) | ApplyOwnedFields(manifest=mf):
                 out.append(f"{type(a).__name__} {mf['kind']}/{mf['metadata']['name']}")
             case Patch(kind=k, name=n) | Delete(kind=k, name=n):
                 out.append(f"{type(a).__name__} {k}/{n}")
@@ -258,7 +259,7 @@ CASES = [
         ),
         {"canary": canary(), "measurements": (m("Successful"),)},
         P.PROMOTING,
-        ["SetWeight 50", "Patch Deployment/llm"],
+        ["SetWeight 50", "ApplyOwnedFields Deployment/llm"],
         ["Promoting"],
     ),
     Case(
@@ -286,11 +287,19 @@ CASES = [
     Case("canary deleted during analysis", ANALYZING, {}, P.DEPLOYING, [], ["CanaryMissing"]),
     Case("awaiting promotion", status(P.AWAITING_PROMOTION), {"canary": canary()}, P.AWAITING_PROMOTION, []),
     Case(
+        "promotion committed to Git (kvcal promotion-patch): kvcal does not write the baseline",
+        status(P.AWAITING_PROMOTION),
+        {"canary": canary(), "baseline": baseline(updated_replicas=1, promoted=True)},
+        P.PROMOTING,
+        [],
+        ["PromotedThroughGit"],
+    ),
+    Case(
         "kvcal promote",
         status(P.AWAITING_PROMOTION),
         {"canary": canary(), "gates": {PROMOTE_ANNOTATION: "1"}},
         P.PROMOTING,
-        [f"Clear {PROMOTE_ANNOTATION}", "Patch Deployment/llm"],
+        [f"Clear {PROMOTE_ANNOTATION}", "ApplyOwnedFields Deployment/llm"],
         ["Promoting"],
     ),
     Case(
@@ -359,7 +368,7 @@ CASES = [
     Case(
         "abort after success is ignored",
         status(P.SUCCEEDED),
-        {"gates": {ABORT_ANNOTATION: "1"}},
+        {"gates": {ABORT_ANNOTATION: "1"}, "baseline": baseline(promoted=True)},
         P.SUCCEEDED,
         [f"Clear {ABORT_ANNOTATION}"],
         ["AbortIgnored"],
@@ -404,7 +413,7 @@ CASES = [
         [f"Clear {RETRY_ANNOTATION}"],
         ["RetryIgnored"],
     ),
-    Case("terminal phases stay", status(P.SUCCEEDED), {}, P.SUCCEEDED, []),
+    Case("terminal phases stay", status(P.SUCCEEDED), {"baseline": baseline(promoted=True)}, P.SUCCEEDED, []),
 ]
 
 

@@ -46,6 +46,9 @@ class FakeKube:
     def patch(self, kind: Kind, namespace: str, name: str, patch: Manifest) -> None:
         self.calls.append(f"patch {kind}/{name}")
 
+    def apply_owned_fields(self, manifest: Manifest, field_manager: str) -> None:
+        self.calls.append(f"apply_owned_fields {manifest['kind']}/{manifest['metadata']['name']} as {field_manager}")
+
     def delete(self, kind: Kind, namespace: str, name: str) -> bool:
         self.calls.append(f"delete {kind}/{name}")
         return self.objects.pop((kind, name), None) is not None

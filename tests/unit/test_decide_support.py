@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kvcal.core.manifests import Owner
-from kvcal.core.manifests.canary import PROMOTED_ANNOTATION, promotion_marker
+from kvcal.core.manifests.canary import PROMOTED_ANNOTATION, fp8_pod_spec, promotion_marker
 from kvcal.core.observations import DeploymentState, JobState, Observations
 from kvcal.core.policy import Policy
 from kvcal.core.spechash import spec_hash
@@ -93,6 +93,7 @@ def baseline(replicas: int = 2, promoted: bool = False, **status: Any) -> Deploy
     manifest = baseline_manifest(replicas)
     if promoted:
         manifest["metadata"]["annotations"] = {PROMOTED_ANNOTATION: promotion_marker(OWNER, spec_hash(spec()))}
+        manifest["spec"]["template"]["spec"] = fp8_pod_spec(manifest, spec())
     return DeploymentState(manifest=manifest, replicas=replicas, observed_generation=1, **fields)
 
 

@@ -9,8 +9,8 @@ from typing import Any
 from kvcal.core.conditions import get_condition
 from kvcal.core.decide import decide
 from kvcal.core.inuse import output_in_use
-from kvcal.core.manifests import calibration_job_name, verification_job_name
-from kvcal.core.manifests.canary import build_promoted_baseline
+from kvcal.core.manifests import build_promoted_baseline, calibration_job_name, verification_job_name
+from kvcal.core.manifests.canary import fp8_pod_spec
 from kvcal.core.manifests.common import serving_verification_job_name
 from kvcal.core.observations import RECALIBRATE_ANNOTATION, ClearAnnotations, Create, Delete, DeploymentState
 from kvcal.core.spechash import effective_spec_hash, legacy_spec_hash, spec_hash
@@ -43,9 +43,9 @@ def promoted(the_spec: KVCalibrationSpec, image: str | None = None, backend: str
     """The baseline after the promotion patch of `the_spec`, optionally moved to another image / backend."""
     state = baseline()
     manifest = state.manifest
-    patch = build_promoted_baseline(OWNER, the_spec, spec_hash(the_spec), manifest)
-    manifest["metadata"]["annotations"] = patch["metadata"]["annotations"]
-    manifest["spec"]["template"]["spec"] = patch["spec"]["template"]["spec"]
+    applied = build_promoted_baseline(OWNER, the_spec, spec_hash(the_spec), manifest)
+    manifest["metadata"]["annotations"] = applied["metadata"]["annotations"]
+    manifest["spec"]["template"]["spec"] = fp8_pod_spec(manifest, the_spec)  # what the API server's merge yields
     container = manifest["spec"]["template"]["spec"]["containers"][0]
     if image:
         container["image"] = image

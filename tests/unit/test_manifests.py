@@ -21,7 +21,7 @@ from kvcal.core.manifests import (
     canary_name,
     verification_job_name,
 )
-from kvcal.core.manifests.canary import fp8_container
+from kvcal.core.manifests.canary import fp8_container, fp8_pod_spec
 from kvcal.core.spechash import spec_hash
 from tests.unit.test_decide_support import OWNER, baseline_manifest, baseline_service, spec
 
@@ -218,12 +218,25 @@ def test_unknown_container_is_named() -> None:
 
 
 def test_promotion_never_drops_below_ready_replicas_and_is_idempotent() -> None:
-    patch = build_promoted_baseline(OWNER, SPEC, H, baseline_manifest())
-    assert patch["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    applied = build_promoted_baseline(OWNER, SPEC, H, baseline_manifest())
+    assert applied["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     promoted = baseline_manifest()
-    promoted["spec"]["template"]["spec"] = patch["spec"]["template"]["spec"]
-    assert build_promoted_baseline(OWNER, SPEC, H, promoted)["spec"]["template"] == patch["spec"]["template"]
-    assert "ownerReferences" not in patch["metadata"]  # the baseline is never owned (deleting us keeps it)
+    promoted["spec"]["template"]["spec"] = fp8_pod_spec(promoted, SPEC)  # the API server's merge of `applied`
+    # Applied again from the promoted baseline it names the same fields: the checkpoint's volume stays kvcal's.
+    assert build_promoted_baseline(OWNER, SPEC, H, promoted) == applied
+    assert "ownerReferences" not in applied["metadata"]  # the baseline is never owned (deleting us keeps it)
+
+
+def test_promotion_names_only_the_fields_kvcal_owns() -> None:
+    """Server-side apply makes every named field kvcal's: the image, ports, resources and the baseline's own volumes
+    stay with their owner (Git), so Argo CD's managedFieldsManagers: [kvcal] ignores nothing else."""
+    applied = build_promoted_baseline(OWNER, SPEC, H, baseline_manifest())
+    assert (applied["apiVersion"], applied["kind"], applied["metadata"]["name"]) == ("apps/v1", "Deployment", "llm")
+    pod = applied["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert set(container) == {"name", "args", "volumeMounts", "securityContext"}
+    assert [v["name"] for v in pod["volumes"]] == [m["name"] for m in container["volumeMounts"]] == ["kvcal-pvc-models"]
+    assert set(applied["spec"]) == {"strategy", "template"} and set(applied["spec"]["template"]) == {"spec"}
 
 
 def test_owner_reference_points_at_the_kvcalibration() -> None:
@@ -245,3 +258,16 @@ def test_canary_gets_a_hardened_security_context_where_the_baseline_has_none() -
     pod = build_canary_deployment(OWNER, SPEC, own, 1)["spec"]["template"]["spec"]
     assert pod["securityContext"] == own_pod["securityContext"]  # the baseline's own choice is kept
     assert pod["containers"][0]["securityContext"] == {"readOnlyRootFilesystem": True}
+
+
+def test_the_git_patch_is_the_promotion_without_a_namespace() -> None:
+    from kvcal.core.manifests.promotion import promotion_patch
+    from kvcal.gitpatch import render
+
+    applied = build_promoted_baseline(OWNER, SPEC, H, baseline_manifest())
+    patch = promotion_patch(applied)
+    assert "namespace" not in patch["metadata"] and patch["spec"] == applied["spec"]
+    assert patch["metadata"]["annotations"] == applied["metadata"]["annotations"]  # the marker kvcal waits for
+    text = render(patch)
+    assert "#   container vllm args: --model /kvcal/pvc/models/smollm2-fp8kv" in text
+    assert yaml.safe_load(text) == patch

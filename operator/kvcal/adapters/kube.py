@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 GROUP, VERSION, PLURAL = "kvcal.dev", "v1alpha1", "kvcalibrations"
 MERGE_PATCH = "application/merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply; JSON is YAML
 _TRANSIENT = frozenset({429, 500, 502, 503, 504})
 
 
@@ -139,6 +140,21 @@ class KubeClient:
 
     def patch(self, kind: Kind, namespace: str, name: str, patch: Manifest) -> None:
         self.request("PATCH", kind, namespace, name, body=patch, content_type=MERGE_PATCH)
+
+    def apply_owned_fields(self, manifest: Manifest, field_manager: str) -> None:
+        # A PATCH of the apply type, never `kubectl apply --server-side`: on an object last written by a client-side
+        # apply (Argo CD's default), kubectl would also move every field of the last-applied annotation to us.
+        meta = manifest["metadata"]
+        query = {"fieldManager": field_manager, "force": "true"}
+        self.request(
+            "PATCH",
+            manifest["kind"],
+            meta["namespace"],
+            meta["name"],
+            query=query,
+            body=manifest,
+            content_type=APPLY_PATCH,
+        )
 
     def delete(self, kind: Kind, namespace: str, name: str) -> bool:
         try:

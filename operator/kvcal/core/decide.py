@@ -27,6 +27,7 @@ from kvcal.core.policy import Violation, check
 from kvcal.core.protected import with_report_layers
 from kvcal.core.provenance import calibrator_image, record_calibrator_image, with_calibrator_image
 from kvcal.core.redact import redact
+from kvcal.core.reverts import watch_promotion
 from kvcal.core.serving import watch_serving
 from kvcal.core.spechash import effective_spec_hash
 from kvcal.models.spec import AnalysisSpec, KVCalibrationSpec
@@ -106,7 +107,7 @@ def decide(spec: KVCalibrationSpec | None, status: KVCalibrationStatus, obs: Obs
             if refuse_served_output(draft, resolved) or baseline_scaled_to_zero(draft, spec):
                 return draft.finish()
             HANDLERS[draft.phase](draft, resolved, current_hash)
-            if draft.phase == Phase.SUCCEEDED:
+            if draft.phase == Phase.SUCCEEDED and watch_promotion(draft, resolved):
                 watch_serving(draft, resolved)
         except BaselineError as e:
             fail(draft, "BaselineUnusable", str(e))

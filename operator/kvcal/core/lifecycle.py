@@ -30,13 +30,13 @@ from kvcal.core.observations import (
     PROMOTE_ANNOTATION,
     Action,
     Apply,
+    ApplyOwnedFields,
     ClearAnnotations,
     Create,
     Decision,
     Delete,
     Event,
     Observations,
-    Patch,
     SetWeight,
 )
 from kvcal.core.phases import check_transition
@@ -143,7 +143,9 @@ class Builder:
         self.actions.extend(action for action in actions if action not in self.actions)
 
     def finish(self) -> Decision:
-        ready = self.phase == Phase.SUCCEEDED
+        promoted = get_condition(self.status.conditions, "Promoted")
+        reverted = promoted is not None and promoted.status == "False"  # in Succeeded: reverted (core.reverts)
+        ready = self.phase == Phase.SUCCEEDED and not reverted
         self.condition("Ready", "True" if ready else "False", str(self.phase), self.status.message or "")
         requeue = self.requeue if self.requeue is not None else POLL_SECONDS[self.phase]
         if self.phase != self.start.phase:
@@ -395,7 +397,8 @@ def _analyzing(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> No
         draft.move(
             Phase.AWAITING_PROMOTION,
             "AwaitingPromotion",
-            f"analysis passed ({verdict.reason}); run `kvcal promote {draft.obs.owner.name}` to promote",
+            f"analysis passed ({verdict.reason}); run `kvcal promote {draft.obs.owner.name}` to promote "
+            f"(or commit `kvcal promotion-patch {draft.obs.owner.name}` to Git)",
         )
         return
     draft.move(Phase.PROMOTING, "Promoting", f"analysis passed ({verdict.reason}): promoting")
@@ -420,7 +423,14 @@ def _awaiting_promotion(draft: Builder, spec: KVCalibrationSpec, current_hash: s
         draft.move(Phase.PROMOTING, "Promoting", "promoted by the kvcal.dev/promote annotation")
         _promoting(draft, spec, current_hash)
         return
-    draft.wait(f"waiting for `kvcal promote {draft.obs.owner.name}` (or the kvcal.dev/promote annotation)")
+    baseline = draft.obs.baseline
+    if baseline is not None and is_promoted(baseline.manifest, draft.obs.owner, current_hash):
+        # `kvcal promotion-patch` committed to Git and synced: the baseline already carries the promotion.
+        draft.move(Phase.PROMOTING, "PromotedThroughGit", "the baseline carries the promotion (from Git): rolling out")
+        _promoting(draft, spec, current_hash)
+        return
+    name = draft.obs.owner.name
+    draft.wait(f"waiting for `kvcal promote {name}`, or `kvcal promotion-patch {name}` committed to Git")
 
 
 def _promoting(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> None:
@@ -431,9 +441,7 @@ def _promoting(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> No
         return
     name = spec.serving.baseline.deployment
     if not is_promoted(baseline.manifest, draft.obs.owner, current_hash):
-        draft.do(
-            Patch("Deployment", name, build_promoted_baseline(draft.obs.owner, spec, current_hash, baseline.manifest))
-        )
+        draft.do(ApplyOwnedFields(build_promoted_baseline(draft.obs.owner, spec, current_hash, baseline.manifest)))
         draft.condition("Promoted", "False", "RollingOut", f"rolling {name} to the calibrated checkpoint with FP8 KV")
         draft.wait(f"rolling the baseline {name} to the calibrated checkpoint")
         return

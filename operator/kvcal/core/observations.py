@@ -98,6 +98,14 @@ class Patch:
 
 
 @dataclass(frozen=True)
+class ApplyOwnedFields:
+    """Server-side apply, as field manager kvcal with force, of the fields kvcal owns in an object it does not own
+    (the promoted baseline): the API server records them as kvcal's, and every other field keeps its owner."""
+
+    manifest: Manifest
+
+
+@dataclass(frozen=True)
 class Delete:
     kind: ChildKind
     name: str
@@ -115,7 +123,7 @@ class ClearAnnotations:
     keys: tuple[str, ...]
 
 
-Action = Create | Apply | Patch | Delete | SetWeight | ClearAnnotations
+Action = Create | Apply | Patch | ApplyOwnedFields | Delete | SetWeight | ClearAnnotations
 
 
 @dataclass(frozen=True)

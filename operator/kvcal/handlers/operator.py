@@ -1,7 +1,8 @@
 """The kopf wiring. Handlers only translate kopf's callbacks into Reconciler calls.
 
 - One daemon per KVCalibration (id `kvcal-reconcile`) runs reconcile passes; it sleeps for the pass's requeue delay
-  or until woken by a watch event on the KVCalibration or one of its Jobs / canary Deployment (ids `kvcal-wake-*`).
+  or until woken by a watch event on the KVCalibration, one of its Jobs, its canary or the baseline it promoted
+  (ids `kvcal-wake-*`).
 - On delete (id `kvcal-cleanup`) the finalizer `kvcal.dev/finalizer` holds the object until the canary is out of
   traffic (0% read back from the router, then spec.serving.traffic.drainDelay) and the canary, Services, Jobs and
   ConfigMaps are gone; the baseline is never touched.
@@ -19,6 +20,7 @@ import kopf
 from kubernetes import client
 
 from kvcal.adapters.kube import GROUP, PLURAL, VERSION
+from kvcal.core.manifests.canary import PROMOTED_ANNOTATION
 from kvcal.core.manifests.common import KIND, LABEL_MANAGED_BY, MANAGED_BY
 from kvcal.services.failures import describe_failure
 from kvcal.services.reconciler import Reconciler
@@ -143,6 +145,16 @@ def build_registry(reconciler: Reconciler, wakers: Wakers, api: client.ApiClient
     @kopf.on.event("apps", "v1", "deployments", labels=managed, id="kvcal-wake-canary", registry=registry)
     async def wake_from_canary(body: kopf.Body, namespace: str | None, **_: Any) -> None:
         wakers.wake(namespace, _owner_of(body))
+
+    # A promoted baseline (not ours, so not labelled) carries the marker `namespace/name@hash` of its KVCalibration:
+    # a sync or an edit that reverts the promotion wakes that object at once (core.reverts).
+    promoted = {PROMOTED_ANNOTATION: kopf.PRESENT}
+
+    @kopf.on.event("apps", "v1", "deployments", annotations=promoted, id="kvcal-wake-promoted", registry=registry)
+    async def wake_from_promoted(body: kopf.Body, **_: Any) -> None:
+        marker = str(body.get("metadata", {}).get("annotations", {}).get(PROMOTED_ANNOTATION, ""))
+        namespace, name_at_hash = marker.partition("/")[::2]
+        wakers.wake(namespace, name_at_hash.rpartition("@")[0])
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, id="kvcal-cleanup", registry=registry)
     async def cleanup(name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:

@@ -26,11 +26,12 @@ from kvcal.core.decide import OBSERVES, decide, measurement_due
 from kvcal.core.deletion import decide_deletion
 from kvcal.core.endpoints import probe_urls
 from kvcal.core.events import history_event, history_event_name
-from kvcal.core.manifests import Owner, calibration_job_name, canary_name, verification_job_name
+from kvcal.core.manifests import FIELD_MANAGER, Owner, calibration_job_name, canary_name, verification_job_name
 from kvcal.core.manifests.common import LABEL_CALIBRATION, LABEL_MANAGED_BY, MANAGED_BY, label_value
 from kvcal.core.observations import (
     GATE_ANNOTATIONS,
     Apply,
+    ApplyOwnedFields,
     ChildKind,
     ClearAnnotations,
     Create,
@@ -44,6 +45,7 @@ from kvcal.core.observations import (
 )
 from kvcal.core.policy import Policy
 from kvcal.core.ranktest import step_window_seconds
+from kvcal.core.reverts import is_reverted
 from kvcal.core.spechash import effective_spec_hash
 from kvcal.core.timestamps import parse_rfc3339, rfc3339
 from kvcal.metrics import OperatorMetrics
@@ -259,6 +261,7 @@ class Reconciler:
         if self.metrics:
             self.metrics.set_phase(owner.namespace, owner.name, decision.status.phase)
             self.metrics.set_capacity(owner.namespace, owner.name, decision.status.capacity)
+            self.metrics.set_reverted(owner.namespace, owner.name, is_reverted(decision.status))
             if decision.status.phase != before.phase and before.phase_started_at:
                 started = parse_rfc3339(before.phase_started_at)
                 self.metrics.phase_left(before.phase, (now - started).total_seconds())
@@ -382,6 +385,8 @@ class Reconciler:
                     self.kube.apply(m)
                 case Patch(kind=kind, name=name, patch=patch):
                     self.kube.patch(kind, ns, name, patch)
+                case ApplyOwnedFields(manifest=m):
+                    self.kube.apply_owned_fields(m, FIELD_MANAGER)
                 case Delete(kind=kind, name=name):
                     self.kube.delete(kind, ns, name)
                 case SetWeight(weight=weight):

@@ -4,7 +4,6 @@ from kvcal.core.manifests.canary import (
     BaselineError,
     build_canary_deployment,
     build_canary_service,
-    build_promoted_baseline,
     is_promoted,
 )
 from kvcal.core.manifests.common import (
@@ -19,8 +18,10 @@ from kvcal.core.manifests.common import (
     verification_job_name,
 )
 from kvcal.core.manifests.jobs import build_calibration_configmap, build_calibration_job, build_verification_job
+from kvcal.core.manifests.promotion import FIELD_MANAGER, build_promoted_baseline
 
 __all__ = [
+    "FIELD_MANAGER",
     "LABEL_CALIBRATION",
     "LABEL_COMPONENT",
     "LABEL_MANAGED_BY",

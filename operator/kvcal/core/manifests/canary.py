@@ -1,4 +1,4 @@
-"""The canary Deployment and Service (derived from the baseline) and the promotion patch of the baseline.
+"""The canary Deployment and Service, derived from the baseline (core.manifests.promotion rolls the baseline).
 
 The canary is the baseline's pod template with one change: the vLLM container serves the calibrated checkpoint with
 FP8 KV. Image, resources, volumes, probes, tensor-parallel flags stay the same, so the comparison measures the KV
@@ -73,6 +73,11 @@ def _replace_model(command: list[str], args: list[str], checkpoint: str) -> tupl
     )
 
 
+def served_model(container: Manifest) -> str:
+    """The model a vLLM container serves (`--model X` or `vllm serve X`); BaselineError when it names none."""
+    return _replace_model(list(container.get("command") or []), list(container.get("args") or []), "")[2]
+
+
 def fp8_container(container: Manifest, spec: KVCalibrationSpec, checkpoint: str, mounts: list[Manifest]) -> Manifest:
     """The vLLM container rolled to the calibrated checkpoint with FP8 KV."""
     out = copy.deepcopy(container)
@@ -93,7 +98,7 @@ def fp8_container(container: Manifest, spec: KVCalibrationSpec, checkpoint: str,
     return out
 
 
-def _fp8_pod_spec(baseline: Manifest, spec: KVCalibrationSpec) -> Manifest:
+def fp8_pod_spec(baseline: Manifest, spec: KVCalibrationSpec) -> Manifest:
     pod: Manifest = copy.deepcopy(baseline["spec"]["template"]["spec"])
     checkpoint = checkpoint_location(spec)
     volumes, mounts = volumes_and_mounts([(checkpoint, False)])
@@ -138,7 +143,7 @@ def build_canary_deployment(owner: Owner, spec: KVCalibrationSpec, baseline: Man
         "spec": {
             "replicas": replicas,
             "selector": selector,
-            "template": {"metadata": pod_meta, "spec": _fp8_pod_spec(baseline, spec)},
+            "template": {"metadata": pod_meta, "spec": fp8_pod_spec(baseline, spec)},
         },
     }
     if "strategy" in baseline["spec"]:
@@ -158,29 +163,6 @@ def build_canary_service(owner: Owner, baseline_service: Manifest) -> Manifest:
         "kind": "Service",
         "metadata": metadata(owner, canary_name(owner.name), "canary", {LABEL_ROLE: "canary"}),
         "spec": {"type": "ClusterIP", "selector": selector, "ports": ports},
-    }
-
-
-def build_promoted_baseline(owner: Owner, spec: KVCalibrationSpec, spec_hash: str, baseline: Manifest) -> Manifest:
-    """A JSON merge patch that rolls the baseline to the calibrated checkpoint with FP8 KV.
-
-    maxUnavailable 0: a rolling update that never takes the baseline below its ready replicas. Lists (containers,
-    volumes) are replaced whole, so applying the patch twice is a no-op.
-    """
-    strategy = baseline["spec"].get("strategy", {})
-    surge = strategy.get("rollingUpdate", {}).get("maxSurge", 1)
-    checkpoint = checkpoint_location(spec)
-    return {
-        "metadata": {
-            "annotations": {
-                PROMOTED_ANNOTATION: promotion_marker(owner, spec_hash),
-                CHECKPOINT_ANNOTATION: checkpoint.uri,
-            }
-        },
-        "spec": {
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": surge}},
-            "template": {"spec": _fp8_pod_spec(baseline, spec)},
-        },
     }
 
 
