@@ -43,6 +43,11 @@ class OperatorMetrics:
             buckets=_DURATION_BUCKETS,
             registry=self.registry,
         )
+        self.leader = Gauge(
+            "kvcal_leader",
+            "1 while this replica holds the leader-election Lease (--leader-elect)",
+            registry=self.registry,
+        )
         self._phases: dict[tuple[str, str], Phase] = {}
         self._lock = threading.Lock()
         for phase in Phase:
@@ -60,6 +65,9 @@ class OperatorMetrics:
 
     def phase_left(self, phase: Phase, seconds: float) -> None:
         self.phase_seconds.labels(phase=phase.value).observe(max(0.0, seconds))
+
+    def set_leader(self, leading: bool) -> None:
+        self.leader.set(1 if leading else 0)
 
     def set_phase(self, namespace: str, name: str, phase: Phase | None) -> None:
         """Record the phase of one object (None: it is gone) and refresh the per-phase gauge."""
