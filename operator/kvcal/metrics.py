@@ -70,17 +70,18 @@ class OperatorMetrics:
         self.leader.set(1 if leading else 0)
 
     def set_phase(self, namespace: str, name: str, phase: Phase | None) -> None:
-        """Record the phase of one object (None: it is gone) and refresh the per-phase gauge."""
+        """Record the phase of one object (None: it is gone) and update the per-phase gauge (O(1): every pass calls
+        this, and recounting every object made a pass O(objects))."""
         with self._lock:
-            if phase is None:
-                self._phases.pop((namespace, name), None)
-            else:
+            before = self._phases.pop((namespace, name), None)
+            if phase is not None:
                 self._phases[(namespace, name)] = phase
-            counts = dict.fromkeys(Phase, 0)
-            for p in self._phases.values():
-                counts[p] += 1
-        for p, n in counts.items():
-            self.objects.labels(phase=p.value).set(n)
+            if before == phase:
+                return
+            if before is not None:
+                self.objects.labels(phase=before.value).dec()
+            if phase is not None:
+                self.objects.labels(phase=phase.value).inc()
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:
         """Serve /metrics on `port` (all interfaces: Prometheus scrapes the pod); returns a function that stops it."""
