@@ -144,7 +144,7 @@ def _run_elected(
 ) -> int:
     """Metrics from the start (a standby reports kvcal_leader 0), the operator only while leading."""
     from kvcal.handlers.leadership import run_elected
-    from kvcal.handlers.operator import run
+    from kvcal.handlers.operator import OperatorOptions, run
     from kvcal.services.leader import LeaderElector
 
     elector = LeaderElector(kube, args.lease_namespace, args.lease_name, args.identity, lambda: datetime.now(UTC))

@@ -149,7 +149,7 @@ def run(
         liveness_endpoint=options.liveness,
     )
     try:
-        asyncio.run(_with_queue(queue, coro))
+        asyncio.run(_with_queue(queue, coro, stop_flag))
     finally:
         if stop_metrics is not None:
             stop_metrics()
@@ -158,7 +158,7 @@ def run(
 ReconcilerFactory = Callable[[], Reconciler]
 
 
-async def _with_queue(queue: WorkQueue, operator: Coroutine[Any, Any, None]) -> None:
+async def _with_queue(queue: WorkQueue, operator: Coroutine[Any, Any, None], stop_flag: threading.Event | None) -> None:
     """kopf feeds the queue; the queue's workers run until kopf stops."""
     workers = asyncio.ensure_future(queue.run())
     try:
@@ -166,3 +166,7 @@ async def _with_queue(queue: WorkQueue, operator: Coroutine[Any, Any, None]) -> 
     finally:
         workers.cancel()
         await asyncio.gather(workers, return_exceptions=True)
+        if stop_flag is not None:
+            # kopf waits on a threading.Event in an executor thread; stopped by a signal, that thread would keep
+            # asyncio.run from returning (it joins the executor) until the flag is set.
+            stop_flag.set()
