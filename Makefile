@@ -50,6 +50,7 @@ cluster: control-plane venv
 bench: venv
 	$(PY) benchmarks/bench_calibrate.py
 	$(PY) benchmarks/bench_analysis.py
+	$(PY) benchmarks/bench_operator.py
 
 clean:
 	rm -rf out .pytest_cache .mypy_cache .ruff_cache
