@@ -70,10 +70,6 @@ class WorkQueue:
         self._due.pop(key, None)
         self._errors.pop(key, None)
 
-    @property
-    def scheduled(self) -> int:
-        return len(self._due)
-
     async def run(self, workers: int = WORKERS) -> None:
         """Until cancelled; cancelling waits for no pass in flight (its thread finishes on its own)."""
         tasks = [asyncio.ensure_future(self._timer())]
