@@ -74,6 +74,7 @@ bench: venv
 	$(PY) benchmarks/bench_calibrate.py
 	$(PY) benchmarks/bench_analysis.py
 	$(PY) benchmarks/bench_capacity.py
+	$(PY) benchmarks/bench_operator.py
 
 clean:
 	rm -rf out .pytest_cache .mypy_cache .ruff_cache

@@ -63,6 +63,11 @@ class OperatorMetrics:
             ["namespace", "name"],
             registry=self.registry,
         )
+        self.leader = Gauge(
+            "kvcal_leader",
+            "1 while this replica holds the leader-election Lease (--leader-elect)",
+            registry=self.registry,
+        )
         self._phases: dict[tuple[str, str], Phase] = {}
         self._lock = threading.Lock()
         for phase in Phase:
@@ -88,20 +93,24 @@ class OperatorMetrics:
             with contextlib.suppress(KeyError):  # no series: it was never reverted
                 self.promotion_reverted.remove(namespace, name)
 
+    def set_leader(self, leading: bool) -> None:
+        self.leader.set(1 if leading else 0)
+
     def set_phase(self, namespace: str, name: str, phase: Phase | None) -> None:
-        """Record the phase of one object (None: it is gone) and refresh the per-phase gauge."""
+        """Record the phase of one object (None: it is gone) and update the per-phase gauge (O(1): every pass calls
+        this, and recounting every object made a pass O(objects))."""
         if phase is None:
             self.set_reverted(namespace, name, False)
         with self._lock:
-            if phase is None:
-                self._phases.pop((namespace, name), None)
-            else:
+            before = self._phases.pop((namespace, name), None)
+            if phase is not None:
                 self._phases[(namespace, name)] = phase
-            counts = dict.fromkeys(Phase, 0)
-            for p in self._phases.values():
-                counts[p] += 1
-        for p, n in counts.items():
-            self.objects.labels(phase=p.value).set(n)
+            if before == phase:
+                return
+            if before is not None:
+                self.objects.labels(phase=before.value).dec()
+            if phase is not None:
+                self.objects.labels(phase=phase.value).inc()
 
     def set_capacity(self, namespace: str, name: str, capacity: CapacityStatus | None) -> None:
         """The KV capacity of one object's roles (None: the object is gone); a role without a value has no series."""

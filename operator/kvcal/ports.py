@@ -66,6 +66,20 @@ class Kube(Protocol):
         ...
 
 
+class Leases(Protocol):
+    """coordination.k8s.io/v1 Leases (leader election), as the API serves them."""
+
+    def read_lease(self, namespace: str, name: str) -> Manifest | None: ...
+
+    def create_lease(self, lease: Manifest) -> bool:
+        """Create; False (and no error) when a lease of that name already exists."""
+        ...
+
+    def replace_lease(self, lease: Manifest) -> None:
+        """Replace; raises Conflict when metadata.resourceVersion is stale."""
+        ...
+
+
 class Metrics(Protocol):
     """Canary vs baseline metrics over the last window (Prometheus in production)."""
 

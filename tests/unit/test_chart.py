@@ -47,7 +47,12 @@ def render(values: dict[str, str] | None = None, namespace: str = "kvcal-system"
 
 def one(docs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
     found = [
-        d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(name_suffix) and not is_user_role(d)
+        d
+        for d in docs
+        if d["kind"] == kind
+        and d["metadata"]["name"].endswith(name_suffix)
+        and not is_user_role(d)
+        and (is_leader_election(d) == name_suffix.endswith(LEADER_ELECTION))
     ]
     assert len(found) == 1, f"expected one {kind} *{name_suffix}, got {[d['metadata']['name'] for d in found]}"
     return found[0]
@@ -56,6 +61,14 @@ def one(docs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[st
 def is_user_role(doc: dict[str, Any]) -> bool:
     """The ClusterRoles aggregated into admin/edit/view: for people, not the operator."""
     return any(k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in doc["metadata"].get("labels", {}))
+
+
+LEADER_ELECTION = "-leader-election"
+
+
+def is_leader_election(doc: dict[str, Any]) -> bool:
+    """The Role (and binding) for the leader-election Lease, in the release namespace whatever rbac.scope says."""
+    return bool(doc["metadata"]["name"].endswith(LEADER_ELECTION))
 
 
 def operator_roles(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -128,7 +141,7 @@ def test_image_defaults_to_app_version_and_digest_wins() -> None:
 
 
 def test_cluster_scope_binds_a_cluster_role(default_docs: list[dict[str, Any]]) -> None:
-    assert not [d for d in default_docs if d["kind"] in ("Role", "RoleBinding")]
+    assert not [d for d in default_docs if d["kind"] in ("Role", "RoleBinding") and not is_leader_election(d)]
     binding = one(default_docs, "ClusterRoleBinding")
     sa = one(default_docs, "ServiceAccount")["metadata"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["name"], "namespace": "kvcal-system"}]
@@ -162,6 +175,31 @@ def test_role_holds_exactly_the_cluster_roles_namespaced_rules(
     role_rules = one(namespaced_docs, "Role")["rules"]
     discovery = one(namespaced_docs, "ClusterRole")["rules"]
     assert role_rules + discovery == cluster_rules
+
+
+@pytest.mark.parametrize("values", [{}, NAMESPACED], ids=["cluster", "ns"])
+def test_every_replica_runs_leader_election_on_its_own_lease(values: dict[str, str]) -> None:
+    docs = render({**values, "replicaCount": "2"})
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate"}  # the new pod stands by: no overlap in acting
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--leader-elect" in args and "--identity=$(KVCAL_POD_NAME)" in args
+    (lease_arg,) = [a for a in args if a.startswith("--lease-name=")]
+    role = one(docs, "Role", LEADER_ELECTION)
+    assert role["metadata"]["namespace"] == "kvcal-system"  # KVCAL_OPERATOR_NAMESPACE: the pod's namespace
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [lease_arg.split("=", 1)[1]],
+            "verbs": ["get", "update"],
+        },
+    ]
+    binding = one(docs, "RoleBinding", LEADER_ELECTION)
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"][0]["name"] == one(docs, "ServiceAccount")["metadata"]["name"]
 
 
 def test_namespace_scope_defaults_to_the_release_namespace() -> None:

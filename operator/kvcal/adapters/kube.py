@@ -57,6 +57,7 @@ _RESOURCES: dict[str, tuple[str, str]] = {
     "Service": ("/api/v1", "services"),
     "Pod": ("/api/v1", "pods"),
     "Event": ("/api/v1", "events"),
+    "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
 }
 
 
@@ -229,3 +230,31 @@ class KubeClient:
                 return False  # sent before (by this process or the one before a restart)
             raise
         return True
+
+    # --- ports.Leases (leader election) ---------------------------------------------------------------------------
+
+    def read_lease(self, namespace: str, name: str) -> Manifest | None:
+        try:
+            return self.request("GET", "Lease", namespace, name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def create_lease(self, lease: Manifest) -> bool:
+        try:
+            self.request("POST", "Lease", lease["metadata"]["namespace"], body=lease)
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+        return True
+
+    def replace_lease(self, lease: Manifest) -> None:
+        meta = lease["metadata"]
+        try:
+            self.request("PUT", "Lease", meta["namespace"], meta["name"], body=lease)
+        except ApiException as e:
+            if e.status == 409:
+                raise Conflict(f"Lease {meta['namespace']}/{meta['name']} changed since it was read") from e
+            raise

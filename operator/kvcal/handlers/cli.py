@@ -3,13 +3,20 @@
 import argparse
 import logging
 import os
+import socket
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from kubernetes import client, config
 from pydantic import ValidationError
 
 from kvcal.core.manifests.common import DEFAULT_CALIBRATOR_IMAGE
 from kvcal.core.policy import Policy
+
+if TYPE_CHECKING:
+    from kvcal.adapters.kube import KubeClient
+    from kvcal.handlers.operator import OperatorOptions
+    from kvcal.services.reconciler import Reconciler
 
 
 def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -28,6 +35,22 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
         "--standalone",
         action="store_true",
         help="no peering with other operator instances (one replica, or tests)",
+    )
+    run.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="run the operator only while holding a coordination.k8s.io Lease; other replicas stand by",
+    )
+    run.add_argument(
+        "--lease-namespace",
+        default=os.environ.get("KVCAL_OPERATOR_NAMESPACE") or "default",
+        help="namespace of the leader-election Lease (default: $KVCAL_OPERATOR_NAMESPACE, else default)",
+    )
+    run.add_argument("--lease-name", default="kvcal-operator", help="name of the leader-election Lease")
+    run.add_argument(
+        "--identity",
+        default=os.environ.get("HOSTNAME") or socket.gethostname(),
+        help="this replica's name in the Lease (default: $HOSTNAME, the pod's name)",
     )
     run.add_argument("--liveness", default=None, help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
     run.add_argument(
@@ -106,5 +129,35 @@ def _run(args: argparse.Namespace) -> int:
     options = OperatorOptions(
         namespaces=args.namespace, standalone=args.standalone, metrics_port=args.metrics_port, liveness=args.liveness
     )
-    run(reconciler, api, options)
-    return 0
+    if not args.leader_elect:
+        run(reconciler, api, options)
+        return 0
+    return _run_elected(args, kube, reconciler, api, options)
+
+
+def _run_elected(
+    args: argparse.Namespace,
+    kube: "KubeClient",
+    reconciler: "Reconciler",
+    api: client.ApiClient,
+    options: "OperatorOptions",
+) -> int:
+    """Metrics from the start (a standby reports kvcal_leader 0), the operator only while leading."""
+    from kvcal.handlers.leadership import run_elected
+    from kvcal.handlers.operator import OperatorOptions, run
+    from kvcal.services.leader import LeaderElector
+
+    elector = LeaderElector(kube, args.lease_namespace, args.lease_name, args.identity, lambda: datetime.now(UTC))
+    metrics = reconciler.metrics
+    stop_metrics = metrics.serve(options.metrics_port) if metrics and options.metrics_port is not None else None
+    leading_options = OperatorOptions(**{**options.__dict__, "metrics_port": None})
+    try:
+        return run_elected(
+            elector,
+            lambda stop_flag: run(reconciler, api, leading_options, stop_flag),
+            options.liveness,
+            on_leading=metrics.set_leader if metrics else lambda _leading: None,
+        )
+    finally:
+        if stop_metrics is not None:
+            stop_metrics()

@@ -1,8 +1,8 @@
 """The kopf wiring. Handlers only translate kopf's callbacks into Reconciler calls.
 
-- One daemon per KVCalibration (id `kvcal-reconcile`) runs reconcile passes; it sleeps for the pass's requeue delay
-  or until woken by a watch event on the KVCalibration, one of its Jobs, its canary or the baseline it promoted
-  (ids `kvcal-wake-*`).
+- Watch events on a KVCalibration or one of its Jobs / canary Deployment, or on the baseline it promoted (ids
+  `kvcal-wake-*`) queue a reconcile pass of it in handlers.workqueue, whose few workers also run the timed passes (the
+  pass's requeue delay).
 - On delete (id `kvcal-cleanup`) the finalizer `kvcal.dev/finalizer` holds the object until the canary is out of
   traffic (0% read back from the router, then spec.serving.traffic.drainDelay) and the canary, Services, Jobs and
   ConfigMaps are gone; the baseline is never touched.
@@ -12,8 +12,8 @@
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
@@ -22,27 +22,12 @@ from kubernetes import client
 from kvcal.adapters.kube import GROUP, PLURAL, VERSION
 from kvcal.core.manifests.canary import PROMOTED_ANNOTATION
 from kvcal.core.manifests.common import KIND, LABEL_MANAGED_BY, MANAGED_BY
-from kvcal.services.failures import describe_failure
+from kvcal.handlers.workqueue import WorkQueue
 from kvcal.services.reconciler import Reconciler
 
 log = logging.getLogger(__name__)
 FINALIZER = "kvcal.dev/finalizer"
 STORAGE_PREFIX = "kvcal.dev"
-RESYNC_SECONDS = 600.0  # a pass at least this often even when nothing changes
-MAX_ERROR_BACKOFF = 60.0
-
-
-@dataclass
-class Wakers:
-    """One asyncio.Event per KVCalibration, set by watch events to cut a daemon's sleep short. Call wake() on the
-    event loop only (from async handlers): asyncio.Event is not thread-safe."""
-
-    events: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
-
-    def wake(self, namespace: str | None, name: str | None) -> None:
-        event = self.events.get((namespace or "", name or ""))
-        if event is not None:
-            event.set()
 
 
 def settings() -> kopf.OperatorSettings:
@@ -56,17 +41,6 @@ def settings() -> kopf.OperatorSettings:
     configured.watching.server_timeout = 300
     configured.watching.client_timeout = 330
     return configured
-
-
-async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float) -> None:
-    """Until `seconds` pass, a watch event wakes us, or kopf stops the daemon."""
-    waiters = {asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())}
-    try:
-        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
-    wake.clear()
 
 
 def _owner_of(body: kopf.Body) -> str | None:
@@ -94,7 +68,7 @@ def connection_info(api: client.ApiClient) -> kopf.ConnectionInfo:
     )
 
 
-def build_registry(reconciler: Reconciler, wakers: Wakers, api: client.ApiClient | None) -> kopf.OperatorRegistry:
+def build_registry(reconciler: Reconciler, queue: WorkQueue, api: client.ApiClient | None) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     managed = {LABEL_MANAGED_BY: MANAGED_BY}
 
@@ -104,47 +78,21 @@ def build_registry(reconciler: Reconciler, wakers: Wakers, api: client.ApiClient
         def login(**_: Any) -> kopf.ConnectionInfo:
             return connection_info(api)
 
-    @kopf.daemon(GROUP, VERSION, PLURAL, id="kvcal-reconcile", cancellation_timeout=10.0, registry=registry)
-    async def reconcile(name: str, namespace: str | None, stopped: kopf.DaemonStopped, **_: Any) -> None:
-        namespace = namespace or ""
-        wake = wakers.events.setdefault((namespace, name), asyncio.Event())
-        errors = 0
-        try:
-            while not stopped:
-                try:
-                    requeue = await asyncio.to_thread(reconciler.reconcile, namespace, name)
-                    errors = 0
-                except Exception as e:
-                    errors += 1
-                    requeue = min(MAX_ERROR_BACKOFF, 2.0**errors)
-                    # Redacted (no credentials in logs); the traceback, which may quote them, only at debug level.
-                    reason, message = describe_failure(e)
-                    log.error(
-                        "reconcile of %s/%s failed (%s): %s; retrying in %.0fs",
-                        namespace,
-                        name,
-                        reason,
-                        message,
-                        requeue,
-                    )
-                    log.debug("reconcile of %s/%s failed", namespace, name, exc_info=True)
-                await _sleep(wake, stopped, RESYNC_SECONDS if requeue is None else requeue)
-        finally:
-            wakers.events.pop((namespace, name), None)
-
-    # The wake handlers are async so kopf runs them on the event loop: asyncio.Event is not thread-safe, and a sync
-    # handler (run in an executor thread) that sets it leaves the sleeping daemon's waiter unscheduled.
+    # The handlers are async so kopf runs them on the event loop, where the work queue lives (it has no locks).
     @kopf.on.event(GROUP, VERSION, PLURAL, id="kvcal-wake-self", registry=registry)
-    async def wake_self(name: str, namespace: str | None, **_: Any) -> None:
-        wakers.wake(namespace, name)
+    async def wake_self(name: str, namespace: str | None, type: str | None, **_: Any) -> None:
+        if type == "DELETED":
+            queue.forget(namespace, name)
+        else:
+            queue.wake(namespace, name)
 
     @kopf.on.event("batch", "v1", "jobs", labels=managed, id="kvcal-wake-jobs", registry=registry)
     async def wake_from_job(body: kopf.Body, namespace: str | None, **_: Any) -> None:
-        wakers.wake(namespace, _owner_of(body))
+        queue.wake(namespace, _owner_of(body))
 
     @kopf.on.event("apps", "v1", "deployments", labels=managed, id="kvcal-wake-canary", registry=registry)
     async def wake_from_canary(body: kopf.Body, namespace: str | None, **_: Any) -> None:
-        wakers.wake(namespace, _owner_of(body))
+        queue.wake(namespace, _owner_of(body))
 
     # A promoted baseline (not ours, so not labelled) carries the marker `namespace/name@hash` of its KVCalibration:
     # a sync or an edit that reverts the promotion wakes that object at once (core.reverts).
@@ -154,7 +102,7 @@ def build_registry(reconciler: Reconciler, wakers: Wakers, api: client.ApiClient
     async def wake_from_promoted(body: kopf.Body, **_: Any) -> None:
         marker = str(body.get("metadata", {}).get("annotations", {}).get(PROMOTED_ANNOTATION, ""))
         namespace, name_at_hash = marker.partition("/")[::2]
-        wakers.wake(namespace, name_at_hash.rpartition("@")[0])
+        queue.wake(namespace, name_at_hash.rpartition("@")[0])
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, id="kvcal-cleanup", registry=registry)
     async def cleanup(name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
@@ -171,12 +119,22 @@ def build_registry(reconciler: Reconciler, wakers: Wakers, api: client.ApiClient
     return registry
 
 
+class _QuietWakeHandlers(logging.Filter):
+    """Drops kopf's "Handler 'kvcal-wake-...' succeeded." line: one per watch event, 10,000s at scale."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Handler 'kvcal-wake-")
+
+
 @dataclass
 class OperatorOptions:
     namespaces: Collection[str] = ()  # empty: every namespace
     standalone: bool = True
     metrics_port: int | None = None
     liveness: str | None = None  # e.g. http://0.0.0.0:8080/healthz (kopf's liveness endpoint)
+
+
+_QUIET = _QuietWakeHandlers()  # one instance: addFilter ignores a filter already added (operator restarts in tests)
 
 
 def run(
@@ -190,9 +148,10 @@ def run(
     stop_metrics = None
     if options.metrics_port is not None and reconciler.metrics is not None:
         stop_metrics = reconciler.metrics.serve(options.metrics_port)
-    wakers = Wakers()
+    queue = WorkQueue(reconciler.reconcile)
+    logging.getLogger("kopf.objects").addFilter(_QUIET)
     coro = kopf.operator(
-        registry=build_registry(reconciler, wakers, api),
+        registry=build_registry(reconciler, queue, api),
         settings=settings(),
         standalone=options.standalone,
         clusterwide=not options.namespaces,
@@ -202,10 +161,24 @@ def run(
         liveness_endpoint=options.liveness,
     )
     try:
-        asyncio.run(coro)
+        asyncio.run(_with_queue(queue, coro, stop_flag))
     finally:
         if stop_metrics is not None:
             stop_metrics()
 
 
 ReconcilerFactory = Callable[[], Reconciler]
+
+
+async def _with_queue(queue: WorkQueue, operator: Coroutine[Any, Any, None], stop_flag: threading.Event | None) -> None:
+    """kopf feeds the queue; the queue's workers run until kopf stops."""
+    workers = asyncio.ensure_future(queue.run())
+    try:
+        await operator
+    finally:
+        workers.cancel()
+        await asyncio.gather(workers, return_exceptions=True)
+        if stop_flag is not None:
+            # kopf waits on a threading.Event in an executor thread; stopped by a signal, that thread would keep
+            # asyncio.run from returning (it joins the executor) until the flag is set.
+            stop_flag.set()
