@@ -72,7 +72,10 @@ def test_prometheus_measures_a_real_vllm_server(vllm_server: VllmServer, prometh
             m = measurements[name]
             # Two scrape jobs of one shared server start at different instants, so each role's rate() window holds a
             # different set of the session's requests: the values agree only roughly (seen: -35%, +78%).
-            assert m.phase == "Successful" and m.baseline and m.canary and 0.5 < m.canary / m.baseline < 2, m
+            assert m.baseline and m.canary and 0.5 < m.canary / m.baseline < 2, m
+            # The rank test (the default) counted real requests of both roles from increase() and found no
+            # regression; with this handful of requests it may not be confident yet.
+            assert m.phase in ("Successful", "Undecided") and m.message and " canary vs " in m.message, m
         assert measurements["errorRate"].canary == 0.0
     finally:
         prometheus.remove_targets("real-vllm")
