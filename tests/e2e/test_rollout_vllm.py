@@ -254,7 +254,8 @@ def test_slow_canary_rolls_back_then_fixed_canary_promotes(real: Real, model_dir
     failed = [m for m in by_metric(obj, "ttft-p50") if m["phase"] == "Failed"]
     assert len(failed) == 2, by_metric(obj, "ttft-p50")
     for m in failed:
-        assert m["canary"] > 1.5 * m["baseline"] and m["canary"] > m["threshold"], m
+        # The rank test (the default) on the step's histograms; the interval's medians are recorded for people.
+        assert m["canary"] > 1.5 * m["baseline"] and "slower than baseline x1.5" in m["message"], m
         assert f'pod=~"{NAME}-canary-[a-z0-9]+-[a-z0-9]+"' in m["query"], m["query"]
     requests = by_metric(obj, "requests")[-1]
     assert requests["baseline"] >= 5 and requests["canary"] >= 5, requests
@@ -285,7 +286,7 @@ def test_slow_canary_rolls_back_then_fixed_canary_promotes(real: Real, model_dir
     ttft = by_metric(obj, "ttft-p50")[-2:]  # status keeps the last intervals' measurements (capped)
     for m in ttft:
         assert m["phase"] == "Successful" and m["baseline"] > 0 and m["canary"] > 0, m
-        assert m["canary"] <= m["threshold"], m
+        assert "faster than baseline x2" in m["message"], m
     agreement = by_metric(obj, "tokenAgreement")[-1]
     assert agreement["phase"] == "Successful" and agreement["canary"] >= agreement["threshold"], agreement
     # The FP8 canary held about twice the BF16 baseline's KV tokens in the same VLLM_CPU_KVCACHE_SPACE (1 GiB).

@@ -78,7 +78,10 @@ def test_prometheus_measures_a_real_vllm_server(vllm_server: VllmServer, prometh
             m = measurements[name]
             # Both windows hold the same requests; their scrape instants differ, so rate() extrapolates each a little
             # differently: the quantiles agree closely, not exactly.
-            assert m.phase == "Successful" and m.baseline and m.canary and 0.5 < m.canary / m.baseline < 2, m
+            assert m.baseline and m.canary and 0.5 < m.canary / m.baseline < 2, m
+            # The rank test (the default) counted real requests of both roles from increase() and found no
+            # regression; with this handful of requests it may not be confident yet.
+            assert m.phase in ("Successful", "Undecided") and m.message and " canary vs " in m.message, m
         assert measurements["errorRate"].canary == 0.0
     finally:
         prometheus.remove_targets("real-vllm")

@@ -7,7 +7,7 @@ from typing import Any
 
 from kvcal.core.decide import decide
 from kvcal.core.manifests import build_verification_job, calibration_job_name
-from kvcal.core.observations import Apply, Create, Patch
+from kvcal.core.observations import Apply, ApplyOwnedFields, Create
 from kvcal.core.spechash import spec_hash
 from kvcal.models.status import CalibrationStatus, KVCalibrationStatus, Phase
 from tests.unit.test_decide import CANARY, SUMMARY, canary, status
@@ -66,8 +66,8 @@ def test_report_layers_reach_the_verification_job_the_canary_and_the_promotion()
 
     promoting = verifying.model_copy(update={"phase": Phase.PROMOTING})
     d = decide(FROM_REPORT, promoting, observations(baseline=baseline(), canary=canary()), NOW)
-    patch = next(a for a in d.actions if isinstance(a, Patch)).patch
-    assert _skip_list(_argv(patch)) == ["0", "3", "29"]
+    owned = next(a for a in d.actions if isinstance(a, ApplyOwnedFields)).manifest
+    assert _skip_list(_argv(owned)) == ["0", "3", "29"]
 
 
 def test_from_report_without_sensitive_layers_builds_nothing_and_says_why() -> None:
