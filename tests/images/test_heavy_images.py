@@ -53,7 +53,7 @@ def demo_spec(calibrator_image: str) -> KVCalibrationSpec:
                 "dataset": {"source": "configmap://calib/prompts.jsonl"},
                 "samples": 6,
                 "maxSeqLength": 128,
-                "holdoutFraction": 0.34,
+                "holdoutFraction": 0.25,
                 "output": "pvc://models/smollm2-fp8kv",
                 "job": {"image": calibrator_image},
             },
@@ -82,7 +82,7 @@ def calibration(podman: Podman, models_pvc: Path, tmp_path_factory: pytest.TempP
     config.mkdir(), dataset.mkdir()
     for name, text in configmap["data"].items():
         (config / name).write_text(text)
-    (dataset / "prompts.jsonl").write_text("\n".join(PROMPTS.read_text().splitlines()[:9]) + "\n")
+    (dataset / "prompts.jsonl").write_text("\n".join(PROMPTS.read_text().splitlines()[:12]) + "\n")
     volumes = {"kvcal-pvc-models": models_pvc, "kvcal-cm-calib": dataset, "kvcal-config": config}
     yield run_job_pod(podman, job, volumes, work, JOB_TIMEOUT)
 
