@@ -43,7 +43,8 @@ class Container:
     podman: "Podman"
 
     def logs(self) -> str:
-        return self.podman("logs", self.name, check=False).stdout
+        proc = self.podman("logs", self.name, check=False)  # the container's stderr comes back on podman's stderr
+        return proc.stdout + proc.stderr
 
     def wait(self, timeout: float) -> int:
         """The container's exit code once it has stopped."""
