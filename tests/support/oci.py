@@ -148,7 +148,9 @@ def run_job_pod(
             tmpfs += ["--tmpfs", f"{mount['mountPath']}:rw,mode=1777"]
             continue
         host = volume_dirs[mount["name"]] / mount.get("subPath", "")
-        host.mkdir(parents=True, exist_ok=True)  # kubelet creates a missing subPath
+        if not host.exists():  # kubelet creates a missing subPath; fsGroup makes it the pod user's to write
+            host.mkdir(parents=True)
+            host.chmod(0o777)
         mounts.append((host, mount["mountPath"], "ro" if mount.get("readOnly") else "rw"))
     security = container.get("securityContext") or {}
     user = pod.get("securityContext", {}).get("runAsUser", 65532)
