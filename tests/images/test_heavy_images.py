@@ -95,7 +95,7 @@ def test_calibrator_image_runs_the_calibration_job(calibration: PodRun, models_p
     assert status.samples and status.k_scale_max and status.v_scale_max
     checkpoint = models_pvc / "smollm2-fp8kv"
     assert (checkpoint / "kvcal-report.json").is_file() and list(checkpoint.glob("*.safetensors"))
-    assert checkpoint.stat().st_uid == 65532, "the output is written by the Job's non-root user"
+    assert (checkpoint / "kvcal-report.json").stat().st_uid == 65532, "written by the Job's non-root user"
 
 
 def test_verifier_image_reads_back_the_scales_in_vllm(
