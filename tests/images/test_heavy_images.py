@@ -53,7 +53,7 @@ def demo_spec(calibrator_image: str) -> KVCalibrationSpec:
                 "dataset": {"source": "configmap://calib/prompts.jsonl"},
                 "samples": 6,
                 "maxSeqLength": 128,
-                "holdoutFraction": 0.34,
+                "holdoutFraction": 0.25,
                 "output": "pvc://models/smollm2-fp8kv",
                 "job": {"image": calibrator_image},
             },
@@ -82,7 +82,7 @@ def calibration(podman: Podman, models_pvc: Path, tmp_path_factory: pytest.TempP
     config.mkdir(), dataset.mkdir()
     for name, text in configmap["data"].items():
         (config / name).write_text(text)
-    (dataset / "prompts.jsonl").write_text("\n".join(PROMPTS.read_text().splitlines()[:9]) + "\n")
+    (dataset / "prompts.jsonl").write_text("\n".join(PROMPTS.read_text().splitlines()[:12]) + "\n")
     volumes = {"kvcal-pvc-models": models_pvc, "kvcal-cm-calib": dataset, "kvcal-config": config}
     yield run_job_pod(podman, job, volumes, work, JOB_TIMEOUT)
 
@@ -95,7 +95,7 @@ def test_calibrator_image_runs_the_calibration_job(calibration: PodRun, models_p
     assert status.samples and status.k_scale_max and status.v_scale_max
     checkpoint = models_pvc / "smollm2-fp8kv"
     assert (checkpoint / "kvcal-report.json").is_file() and list(checkpoint.glob("*.safetensors"))
-    assert checkpoint.stat().st_uid == 65532, "the output is written by the Job's non-root user"
+    assert (checkpoint / "kvcal-report.json").stat().st_uid == 65532, "written by the Job's non-root user"
 
 
 def test_verifier_image_reads_back_the_scales_in_vllm(

@@ -43,7 +43,8 @@ class Container:
     podman: "Podman"
 
     def logs(self) -> str:
-        return self.podman("logs", self.name, check=False).stdout
+        proc = self.podman("logs", self.name, check=False)  # the container's stderr comes back on podman's stderr
+        return proc.stdout + proc.stderr
 
     def wait(self, timeout: float) -> int:
         """The container's exit code once it has stopped."""
@@ -147,7 +148,9 @@ def run_job_pod(
             tmpfs += ["--tmpfs", f"{mount['mountPath']}:rw,mode=1777"]
             continue
         host = volume_dirs[mount["name"]] / mount.get("subPath", "")
-        host.mkdir(parents=True, exist_ok=True)  # kubelet creates a missing subPath
+        if not host.exists():  # kubelet creates a missing subPath; fsGroup makes it the pod user's to write
+            host.mkdir(parents=True)
+            host.chmod(0o777)
         mounts.append((host, mount["mountPath"], "ro" if mount.get("readOnly") else "rw"))
     security = container.get("securityContext") or {}
     user = pod.get("securityContext", {}).get("runAsUser", 65532)
