@@ -416,6 +416,7 @@ def test_lifecycle_promote_with_restarts_in_every_phase(world: World, model_dir:
     assert w.events(name) == [
         "CalibrationStarted",
         "Calibrated",
+        "CalibrationContextShort",  # the bundled prompts are short beside SmolLM2's 8,192-token context: a warning
         "ScalesVerified",
         "CanaryReady",
         "AwaitingPromotion",
