@@ -53,14 +53,19 @@ def connect(address: str, timeout_seconds: int = 10) -> QueryClient:
     return client
 
 
-def scalar(client: QueryClient, query: str) -> float | None:
-    """The single value of an instant query; None when the result is empty."""
+def run_query(client: QueryClient, expression: str) -> list[dict[str, Any]]:
+    """An instant query's series; Unreachable when Prometheus cannot be reached, QueryError when it refuses."""
     try:
-        result = client.custom_query(query)
+        return client.custom_query(expression)
     except (requests.ConnectionError, requests.Timeout) as exc:
         raise Unreachable(f"Prometheus unreachable: {type(exc).__name__}: {exc}") from exc
     except Exception as exc:  # prometheus-api-client raises its own exception types for HTTP errors
         raise QueryError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def scalar(client: QueryClient, query: str) -> float | None:
+    """The single value of an instant query; None when the result is empty."""
+    result = run_query(client, query)
     if not result:
         return None
     if len(result) > 1:
@@ -70,23 +75,13 @@ def scalar(client: QueryClient, query: str) -> float | None:
 
 def series_labels(client: QueryClient, query: str) -> list[dict[str, str]]:
     """The label sets of an instant vector query's series (empty when there is none)."""
-    try:
-        result = client.custom_query(query)
-    except (requests.ConnectionError, requests.Timeout) as exc:
-        raise Unreachable(f"Prometheus unreachable: {type(exc).__name__}: {exc}") from exc
-    except Exception as exc:
-        raise QueryError(f"{type(exc).__name__}: {exc}") from exc
+    result = run_query(client, query)
     return [dict(series.get("metric") or {}) for series in result]
 
 
 def buckets(client: QueryClient, query: str) -> list[tuple[float, float]]:
     """(le, cumulative rate) pairs of a ``sum by (le)`` bucket query; empty when there is no data."""
-    try:
-        result = client.custom_query(query)
-    except (requests.ConnectionError, requests.Timeout) as exc:
-        raise Unreachable(f"Prometheus unreachable: {type(exc).__name__}: {exc}") from exc
-    except Exception as exc:
-        raise QueryError(f"{type(exc).__name__}: {exc}") from exc
+    result = run_query(client, query)
     try:
         return [(float(r["metric"]["le"]), float(r["value"][1])) for r in result]
     except (KeyError, ValueError) as exc:
