@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Builds Argo CD for the GitOps tests (tests/support/argocd.py) from the Go module proxy, cached like the control
-# plane. v3.2.x is the last line that builds this way: from v3.4 gitops-engine is a nested module of the argo-cd
-# repository that the proxy cannot serve. The wrapper module repeats upstream's whole replace block (its go.mod pins
-# k8s.io/* through replaces). The result is one multi-call binary that dispatches on its name, so the controller and
-# the repo server are links to it. The CRDs and base config the harness applies are copied next to it.
+# Builds Argo CD (and the kustomize its repo server runs) for the GitOps tests (tests/support/argocd.py) from the
+# Go module proxy, cached like the control plane. v3.2.x is the last line that builds this way: from v3.4
+# gitops-engine is a nested module of the argo-cd repository that the proxy cannot serve. The wrapper module repeats
+# upstream's whole replace block (its go.mod pins k8s.io/* through replaces). The result is one multi-call binary that
+# dispatches on its name, so the controller and the repo server are links to it. The CRDs and base config the
+# harness applies are copied next to it.
 set -euo pipefail
 
 ARGOCD_VERSION="${ARGOCD_VERSION:-v3.2.6}"
@@ -16,6 +17,17 @@ log() { echo "[argocd] $*" >&2; }
 
 have() { [[ -x "$BIN/$1" && -f "$BIN/.$1.version" && "$(cat "$BIN/.$1.version")" == "$2" ]]; }
 stamp() { echo "$2" > "$BIN/.$1.version"; }
+
+# The repo server renders Kustomize sources with the `kustomize` binary on its PATH (the promotion-through-Git test
+# commits kvcal's patch in a kustomization). v5.7.1 is the kustomize kubectl v1.35 embeds.
+KUSTOMIZE_VERSION="${KUSTOMIZE_VERSION:-v5.7.1}"
+if have kustomize "$KUSTOMIZE_VERSION"; then
+  log "kustomize $KUSTOMIZE_VERSION cached"
+else
+  log "building kustomize $KUSTOMIZE_VERSION"
+  GOBIN="$BIN" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kustomize/kustomize/v5@$KUSTOMIZE_VERSION"
+  stamp kustomize "$KUSTOMIZE_VERSION"
+fi
 
 if have argocd "$ARGOCD_VERSION" && [[ -f "$SHARE/.version" && "$(cat "$SHARE/.version")" == "$ARGOCD_VERSION" ]]; then
   log "argocd $ARGOCD_VERSION cached"

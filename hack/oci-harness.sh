@@ -91,7 +91,14 @@ bases() {
 
 vllm_openai() {
   exists "$VLLM_CPU_IMAGE" || { log "build $VLLM_CPU_IMAGE first (make images)"; exit 1; }
-  standin "$VLLM_OPENAI_STANDIN" hack/oci/vllm-openai.Containerfile --build-arg "BASE=$VLLM_CPU_IMAGE"
+  # Made anew whenever vllm-cpu was rebuilt, so the verifier never sits on a stale vLLM image.
+  local base_id label='{{index .Labels "kvcal.dev/base-id"}}'
+  base_id="$(podman image inspect --format '{{.Id}}' "$VLLM_CPU_IMAGE")"
+  if exists "$VLLM_OPENAI_STANDIN" && [[ "$(podman image inspect --format "$label" "$VLLM_OPENAI_STANDIN")" != "$base_id" ]]; then
+    podman rmi "$VLLM_OPENAI_STANDIN" >/dev/null
+  fi
+  standin "$VLLM_OPENAI_STANDIN" hack/oci/vllm-openai.Containerfile --build-arg "BASE=$VLLM_CPU_IMAGE" \
+    --label "kvcal.dev/base-id=$base_id"
 }
 
 eval "$(env_exports)"

@@ -118,36 +118,25 @@ class GitOps:
         return args
 
 
-def strategic_merge(base: Any, patch: Any) -> Any:
-    """A strategic-merge patch as kubectl/kustomize apply it to what this test commits: maps merge, lists of named
-    items (containers, volumes, volumeMounts) merge by name, other lists are replaced."""
-    if isinstance(base, dict) and isinstance(patch, dict):
-        return {**base, **{k: strategic_merge(base[k], v) if k in base else v for k, v in patch.items()}}
-    named = isinstance(base, list) and isinstance(patch, list)
-    if named and all(isinstance(item, dict) and "name" in item for item in [*base, *patch]):
-        by_name = {item["name"]: item for item in patch}
-        merged = [
-            strategic_merge(item, by_name.pop(item["name"])) if item["name"] in by_name else item for item in base
-        ]
-        return merged + list(by_name.values())
-    return patch
-
-
-def promotion_patch(w: World) -> dict[str, Any]:
-    """`kvcal promotion-patch NAME` as a person runs it; its stdout parsed."""
+def promotion_patch(w: World) -> str:
+    """`kvcal promotion-patch NAME` as a person runs it: its stdout, committed as it is."""
     import contextlib
     import io
-
-    import yaml
 
     from kvcal.cli import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(["promotion-patch", NAME, "-n", w.namespace, "--kubeconfig", w.cluster.kubeconfig]) == 0
-    patch: dict[str, Any] = yaml.safe_load(out.getvalue())
     assert out.getvalue().startswith("# kvcal promotion") and "args: --model" in out.getvalue()
-    return patch
+    return out.getvalue()
+
+
+def kustomization(team: dict[str, list[dict[str, Any]]], patch_file: str) -> list[dict[str, Any]]:
+    """The team's folder as a kustomization (Argo CD renders it with the real kustomize) with kvcal's patch."""
+    resources = sorted(name.removeprefix("team/") for name in team)
+    return [{"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": resources,
+             "patches": [{"path": patch_file}]}]  # fmt: skip
 
 
 def promoted(args: list[str]) -> bool:
@@ -307,14 +296,19 @@ def test_promotion_through_git_completes_when_the_commit_lands(gitops: GitOps) -
     g.argocd.create_application(application(g.app, g.repo, w.namespace, keep_promotion=False))
     g.run_to_awaiting_promotion()
     g.wait_health("Suspended")
+    # The printed patch, committed verbatim beside the team's manifests; Argo CD's repo server runs kustomize.
+    (g.repo.path / "team" / "kvcal-promotion.yaml").write_text(promotion_patch(w))
     team = g.team()
-    team["team/serving.yaml"][0] = strategic_merge(team["team/serving.yaml"][0], promotion_patch(w))
-    revision = g.repo.commit(team, "serve the calibrated checkpoint with FP8 KV")
+    revision = g.repo.commit(
+        {"team/kustomization.yaml": kustomization(team, "kvcal-promotion.yaml")},
+        "serve the calibrated checkpoint with FP8 KV",
+    )
     g.argocd.refresh(g.app)
     obj = w.wait_phase(NAME, "Succeeded", 120)
     assert "PromotedThroughGit" in [h["reason"] for h in obj["status"]["history"]]
     g.wait_health("Healthy")
-    assert g.argocd.application(g.app)["status"]["sync"]["revision"] == revision
+    app_status = g.argocd.application(g.app)["status"]
+    assert app_status["sync"]["revision"] == revision and app_status["sourceType"] == "Kustomize"
     live = w.kube.get("Deployment", w.namespace, "llm")
     assert live is not None and FIELD_MANAGER not in {m["manager"] for m in live["metadata"]["managedFields"]}
     g.argocd.refreshed(g.app, "hard")

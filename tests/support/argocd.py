@@ -192,6 +192,9 @@ def argocd(control_plane: Cluster, tmp_path_factory: pytest.TempPathFactory) -> 
     binaries = [bin_dir / "argocd-application-controller", bin_dir / "argocd-repo-server"]
     require(all(os.access(b, os.X_OK) for b in binaries), f"Argo CD missing in {bin_dir} (run `make argocd`)")
     require((_share() / "crds" / "application-crd.yaml").is_file(), "Argo CD CRDs missing (run `make argocd`)")
+    # The repo server renders Kustomize sources (and Helm charts) with the binaries on its PATH ($KVCAL_CACHE/bin).
+    require(os.access(bin_dir / "kustomize", os.X_OK), f"kustomize missing in {bin_dir} (run `make argocd`)")
+    require(os.access(bin_dir / "helm", os.X_OK), f"helm missing in {bin_dir} (run `make control-plane`)")
     redis = shutil.which("redis-server")
     require(redis, "redis-server missing (run `make argocd`: apt-get install redis-server)")
     assert redis is not None
