@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from kvcal.adapters.kube import MERGE_PATCH
+from kvcal.adapters.kube import MERGE_PATCH, KubeClient
 from kvcal.core.manifests import FIELD_MANAGER
 from tests.e2e.test_lifecycle import World, baseline, condition, dataset_configmap, kvcalibration, world
 from tests.support.argocd import NAMESPACE, ArgoCD, GitRepo
@@ -57,8 +57,17 @@ def application(name: str, repo: GitRepo, namespace: str, keep_promotion: bool) 
 def finish_job(w: World, step: str, summary: dict[str, Any]) -> None:
     """Terminate the held pod of the KVCalibration's `step` Job (calibration, verification) with `summary` as its
     termination message, as the kubelet would."""
-    job_name = wait_for(lambda: w.kvcal(NAME).get("status", {}).get(step, {}).get("job"), 60, f"the {step} Job")
-    pod = wait_for(lambda: next(iter(w.kube.list("Pod", w.namespace, {"job-name": job_name})), None), 60, "pod")
+    terminate_job_pod(w.kube, w.namespace, NAME, step, summary)
+
+
+def terminate_job_pod(kube: KubeClient, namespace: str, name: str, step: str, summary: dict[str, Any]) -> None:
+    def job() -> str | None:
+        obj = kube.get(KIND, namespace, name) or {}
+        found: str | None = obj.get("status", {}).get(step, {}).get("job")
+        return found
+
+    job_name = wait_for(job, 60, f"the {step} Job")
+    pod = wait_for(lambda: next(iter(kube.list("Pod", namespace, {"job-name": job_name})), None), 60, "pod")
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     container = pod["spec"]["containers"][0]
     terminated = {"exitCode": 0, "reason": "Completed", "message": json.dumps(summary), "startedAt": now,
@@ -66,7 +75,7 @@ def finish_job(w: World, step: str, summary: dict[str, Any]) -> None:
     status = {"phase": "Succeeded", "containerStatuses": [
         {"name": container["name"], "image": container["image"], "imageID": "", "ready": False,
          "restartCount": 0, "state": {"terminated": terminated}}]}  # fmt: skip
-    w.kube.request("PATCH", "Pod", w.namespace, pod["metadata"]["name"], subresource="status",
+    kube.request("PATCH", "Pod", namespace, pod["metadata"]["name"], subresource="status",
                    body={"status": status}, content_type=MERGE_PATCH)  # fmt: skip
 
 

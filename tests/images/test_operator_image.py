@@ -3,7 +3,6 @@ and env from `helm get manifest`, user 65532, read-only root filesystem, the cha
 Kubernetes mounts it, against the dev control plane (host network: the API server listens on loopback). It must take
 a KVCalibration to Calibrating, i.e. create the calibration Job, under the chart's RBAC."""
 
-import base64
 import json
 import urllib.request
 from pathlib import Path
@@ -16,10 +15,11 @@ from kvcal.devenv.controlplane import free_port
 from kvcal.devenv.images import IMAGES
 from tests.support.chart import Release, helm, install_chart, release_name, uninstall_chart
 from tests.support.cluster import Cluster, wait_for
+from tests.support.imagekubelet import container_env, service_account_volume
 from tests.support.oci import Container, Podman
 
 pytestmark = [pytest.mark.cluster, pytest.mark.images]
-SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
 def chart_container(control_plane: Cluster, release: Release) -> dict[str, Any]:
@@ -27,30 +27,6 @@ def chart_container(control_plane: Cluster, release: Release) -> dict[str, Any]:
     (deployment,) = [d for d in yaml.safe_load_all(manifest) if d and d["kind"] == "Deployment"]
     container: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
     return container
-
-
-def service_account_volume(control_plane: Cluster, release: Release, folder: Path) -> Path:
-    """What the kubelet mounts at /var/run/secrets/kubernetes.io/serviceaccount: token, ca.crt, namespace."""
-    token = control_plane.kubectl(
-        "create", "token", release.service_account, "-n", release.namespace, "--duration=1h"
-    ).stdout.strip()
-    admin = json.loads(control_plane.plane.kubeconfig.read_text())
-    ca = base64.b64decode(admin["clusters"][0]["cluster"]["certificate-authority-data"])
-    folder.mkdir(mode=0o755)
-    for name, content in (("token", token.encode()), ("ca.crt", ca), ("namespace", release.namespace.encode())):
-        (folder / name).write_bytes(content)
-        (folder / name).chmod(0o644)  # the container runs as 65532, not as the owner
-    return folder
-
-
-def container_env(container: dict[str, Any], namespace: str, server: str) -> dict[str, str]:
-    """The chart's env (fieldRef metadata.namespace resolved as the kubelet does) plus the in-cluster API address."""
-    env = {e["name"]: e["value"] for e in container.get("env") or [] if "value" in e}
-    for entry in container.get("env") or []:
-        if entry.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace":
-            env[entry["name"]] = namespace
-    host, port = server.removeprefix("https://").rsplit(":", 1)
-    return {**env, "KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port}
 
 
 def kvcalibration(name: str) -> dict[str, Any]:
@@ -96,6 +72,7 @@ def test_operator_image_takes_a_kvcalibration_to_calibrating(
     metrics_port, health_port = free_port(), free_port()  # host network: no clash with the host's 8080/9090
     values = {"rbac.scope": "namespace", "metrics.port": str(metrics_port), "health.port": str(health_port)}
     release = install_chart(control_plane, namespace, release_name(), values, tmp_path)
+    sa = tmp_path / "sa"
     operator: Container | None = None
     try:
         container = chart_container(control_plane, release)
@@ -106,8 +83,8 @@ def test_operator_image_takes_a_kvcalibration_to_calibrating(
             container["image"],
             container["args"],
             entrypoint=container["command"],
-            env=container_env(container, namespace, control_plane.server),
-            mounts=[(service_account_volume(control_plane, release, tmp_path / "sa"), SERVICE_ACCOUNT_DIR, "ro")],
+            env=container_env(container, {"metadata": {"namespace": namespace}}, control_plane.server),
+            mounts=[(service_account_volume(control_plane, namespace, release.service_account, sa), SA_DIR, "ro")],
             read_only=security["readOnlyRootFilesystem"],
             network_host=True,
         )
