@@ -2,14 +2,17 @@
 operator pod runs in the real operator image (tests.support.imagekubelet: podman, the chart's ServiceAccount token),
 and that operator runs a team's KVCalibration that a second Application syncs from the same repository.
 
-What this adds to test_argocd.py (in-process operator): the chart as Argo CD renders it (helm template in the repo
-server, valuesObject, skipCrds) is a working install: Argo CD judges the operator Deployment Healthy only once the
-container in the image answers its readiness probe, and the containerised operator takes the team's KVCalibration
-through Calibrating, Verifying and the canary (Argo CD health Progressing), rolls it back on request (Degraded,
-canary gone, baseline untouched), and deleting the Application removes everything the chart made, cluster-wide
-objects included. The analysis itself needs Prometheus and served models: test_argocd and test_rollout_vllm.
+What this adds to test_argocd.py (in-process operator): argocd/application.yaml's operator Application, as the docs
+give it (Helm source, server-side apply, the CRD from the chart's crds/), is a working install. Argo CD judges the
+operator Deployment Healthy only once the container in the image answers its readiness probe; the containerised
+operator takes the team's KVCalibration through Calibrating, Verifying and the canary (Argo CD health Progressing)
+and rolls it back on request (Degraded, canary gone, baseline untouched); deleting the Application removes
+everything the chart made, cluster-wide objects included, but never the CRD (annotated Delete=false: deleting it
+would delete every KVCalibration). The analysis itself needs Prometheus and served models: test_argocd and
+test_rollout_vllm.
 """
 
+import copy
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -18,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from kvcal.adapters.kube import KubeClient
 from kvcal.devenv.controlplane import free_port
 from tests.e2e.test_argocd import CALIBRATION_SUMMARY, KIND, NAME, VERIFICATION_SUMMARY, application, terminate_job_pod
 from tests.e2e.test_lifecycle import baseline, dataset_configmap, kvcalibration
-from tests.support.argocd import NAMESPACE, ArgoCD, GitRepo
+from tests.support.argocd import ArgoCD, GitRepo
 from tests.support.chart import CHART
 from tests.support.cluster import Cluster, wait_for
 from tests.support.imagekubelet import ImageKubelet
@@ -31,24 +35,24 @@ from tests.support.kubelet import FakeKubelet
 from tests.support.oci import Podman
 
 pytestmark = [pytest.mark.cluster, pytest.mark.images]
-RESOURCES_FINALIZER = "resources-finalizer.argocd.argoproj.io"  # deleting the Application deletes what it made
+RESOURCES_FINALIZER = "resources-finalizer.argocd.argoproj.io"
+EXAMPLE = Path(__file__).resolve().parents[2] / "argocd" / "application.yaml"
+CRD = "kvcalibrations.kvcal.dev"
 
 
 def chart_application(name: str, repo: GitRepo, namespace: str, values: dict[str, Any]) -> dict[str, Any]:
-    """The operator's Application of docs/operations.md: the chart from Git, the CRD installed apart (skipCrds)."""
-    source = {"repoURL": repo.url, "targetRevision": "main", "path": "charts/kvcal",
-              "helm": {"skipCrds": True, "valuesObject": values}}  # fmt: skip
-    return {
-        "apiVersion": "argoproj.io/v1alpha1",
-        "kind": "Application",
-        "metadata": {"name": name, "namespace": NAMESPACE, "finalizers": [RESOURCES_FINALIZER]},
-        "spec": {
-            "project": "default",
-            "source": source,
-            "destination": {"server": "https://kubernetes.default.svc", "namespace": namespace},
-            "syncPolicy": {"automated": {"prune": True, "selfHeal": True}},
-        },
-    }
+    """argocd/application.yaml's operator Application as the docs give it, pointed at this test's repository,
+    release and namespace, with the test's values merged over the example's."""
+    examples = [doc for doc in yaml.safe_load_all(EXAMPLE.read_text()) if doc]
+    app = copy.deepcopy(next(doc for doc in examples if doc["spec"]["source"].get("helm")))
+    app["metadata"]["name"] = name
+    assert app["metadata"]["finalizers"] == [RESOURCES_FINALIZER]  # deleting the Application deletes the install
+    source = app["spec"]["source"]
+    source.update({"repoURL": repo.url, "targetRevision": "main"})
+    source["helm"]["releaseName"] = name
+    source["helm"]["valuesObject"] = {**source["helm"]["valuesObject"], **values}
+    app["spec"]["destination"]["namespace"] = namespace
+    return app
 
 
 @dataclass
@@ -132,12 +136,15 @@ def test_the_chart_from_git_runs_the_operator_that_runs_the_teams_rollout(instal
     }
     i.repo.commit(team_files, "the kvcal chart and a team's model server with its FP8 KV calibration")
     # Host network: the operator's ports must be free on this machine. The team's specs mount host folders.
+    metrics_port = free_port()
     values = {
         "rbac": {"scope": "namespace"},
         "watchNamespace": i.team,
         "health": {"port": free_port()},
-        "metrics": {"port": free_port()},
         "policy": {"hostPath": {"enabled": True, "allowedPrefixes": ["/"]}},
+        # No Prometheus Operator (its CRDs) in this cluster.
+        "metrics": {"port": metrics_port, "serviceMonitor": {"enabled": False}},
+        "prometheusRule": {"enabled": False},
     }
     i.argocd.create_application(chart_application(i.release, i.repo, i.system, values))
     i.wait_app(i.release, ("Synced", "Healthy"))  # Healthy: the Deployment's pod answered /healthz in the image
@@ -186,3 +193,5 @@ def test_the_chart_from_git_runs_the_operator_that_runs_the_teams_rollout(instal
     i.argocd.delete_application(i.release)
     wait_for(lambda: i.kube.get("Deployment", i.system, i.release) is None, 120, "the operator Deployment deleted")
     wait_for(lambda: not cluster_role_exists(i), 120, "the chart's ClusterRole deleted")
+    crd = i.cluster.get_json("crd", CRD)
+    assert crd["metadata"].get("deletionTimestamp") is None, "Argo CD must never delete the CRD (Delete=false)"
