@@ -34,7 +34,7 @@ images: oci venv
 	bash hack/oci-harness.sh vllm-openai
 	eval "$$(bash hack/oci-harness.sh env)" && $(PY) -m kvcal.devenv.images build verifier --pull never
 
-# Argo CD v3.2 (built from Go modules into $(KVCAL_CACHE)/bin) and redis for the GitOps tests (tests/e2e/test_argocd.py).
+# Argo CD v3.2 and kustomize (built from Go modules into $(KVCAL_CACHE)/bin) and redis for the GitOps tests.
 argocd:
 	@command -v redis-server >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 	bash hack/build-argocd.sh
