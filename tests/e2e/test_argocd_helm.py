@@ -5,14 +5,16 @@ and that operator runs a team's KVCalibration that a second Application syncs fr
 What this adds to test_argocd.py (in-process operator): argocd/application.yaml's operator Application, as the docs
 give it (Helm source, server-side apply, the CRD from the chart's crds/), is a working install. Argo CD judges the
 operator Deployment Healthy only once the container in the image answers its readiness probe; the containerised
-operator takes the team's KVCalibration through Calibrating, Verifying and the canary (Argo CD health Progressing)
-and rolls it back on request (Degraded, canary gone, baseline untouched); deleting the Application removes
+operator takes the team's KVCalibration through Calibrating (an operator upgrade committed to Git mid-run replaces
+the pod: the old one hands the Lease back on SIGTERM, the new one leads at once and carries on with the same Job),
+Verifying and the canary (Argo CD health Progressing), and rolls it back on request (Degraded, canary gone, baseline untouched); deleting the Application removes
 everything the chart made, cluster-wide objects included, but never the CRD (annotated Delete=false: deleting it
 would delete every KVCalibration). The analysis itself needs Prometheus and served models: test_argocd and
 test_rollout_vllm.
 """
 
 import copy
+import re
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -32,7 +34,7 @@ from tests.support.chart import CHART
 from tests.support.cluster import Cluster, wait_for
 from tests.support.imagekubelet import ImageKubelet
 from tests.support.kubelet import FakeKubelet
-from tests.support.oci import Podman
+from tests.support.oci import Container, Podman
 
 pytestmark = [pytest.mark.cluster, pytest.mark.images]
 RESOURCES_FINALIZER = "resources-finalizer.argocd.argoproj.io"
@@ -92,6 +94,12 @@ class Install:
 
     def health(self, app: str) -> str | None:
         return self.argocd.health(app, KIND, NAME)
+
+
+def leader(container: Container) -> str:
+    """The pod name the operator in `container` leads as (the chart's --identity=$(KVCAL_POD_NAME))."""
+    found = wait_for(lambda: re.search(r"leading as (\S+)", container.logs()), 60, "the operator to lead")
+    return found[1]
 
 
 def cluster_role_exists(install: "Install") -> bool:
@@ -165,7 +173,23 @@ def test_the_chart_from_git_runs_the_operator_that_runs_the_teams_rollout(instal
         wait_for(lambda: i.health(team_app) == "Progressing", 60, "Argo CD health Progressing")
         job = i.kube.get("Job", i.team, i.kvcal()["status"]["calibration"]["job"])
         assert job is not None
-        assert f"{i.team}/{NAME}" in container.logs(), "the only operator watching the team is the one in the image"
+        first_pod = leader(container)
+
+        # An operator upgrade through Git mid-run: the chart's new pod template replaces the pod (Recreate, so the
+        # old operator releases the Lease first); the new operator carries on with the same calibration Job.
+        values_file = i.repo.path / "charts" / "kvcal" / "values.yaml"
+        upgraded = values_file.read_text().replace("podAnnotations: {}", 'podAnnotations: {kvcal.dev/rev: "2"}')
+        values_file.write_text(upgraded)
+        i.repo.commit({}, "operator: a new pod template")
+        i.argocd.refresh(i.release)
+        container = wait_for(lambda: i.kubelet.replaced(container), 180, "the upgraded operator pod Ready")
+        i.wait_app(i.release, ("Synced", "Healthy"))
+        assert i.kvcal()["status"]["calibration"]["job"] == job["metadata"]["name"] and i.phase() == "Calibrating"
+        # The old operator handed the Lease back on SIGTERM: the new one leads at once, without a takeover.
+        stopped = i.kubelet.stopped_logs
+        assert any(f"released lease {i.system}/{i.release}" in log for log in stopped.values()), stopped
+        assert leader(container) != first_pod and "from nobody (released)" in container.logs()
+
         terminate_job_pod(i.kube, i.team, NAME, "calibration", CALIBRATION_SUMMARY)
         i.wait_phase("Verifying")
         terminate_job_pod(i.kube, i.team, NAME, "verification", VERIFICATION_SUMMARY)

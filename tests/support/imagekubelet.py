@@ -2,18 +2,20 @@
 
 The control plane here has no node. `ImageKubelet` watches the pods of one namespace that match a label selector
 (e.g. the operator Deployment a Helm chart made) and runs each pod's first container in its image as kubelet would:
-its command, args and env (`value` and the downward-API fieldRefs metadata.namespace / metadata.name), the pod's
-runAsUser and the container's readOnlyRootFilesystem, emptyDir volumes as tmpfs, and the pod's kube-api-access
+its command and args ($(VAR) expanded), env (`value` and the fieldRefs metadata.namespace / metadata.name), the
+pod's runAsUser and the container's readOnlyRootFilesystem, emptyDir volumes as tmpfs, and the pod's kube-api-access
 volume (the ServiceAccount admission plugin's: a TokenRequest bound to the pod, ca.crt, namespace), plus
-KUBERNETES_SERVICE_HOST/PORT for the in-cluster config. Host network: the API server listens on loopback.
-The pod turns Running, and Ready once its readiness probe (httpGet on 127.0.0.1) answers 200; a container that
-exits marks the pod not ready with its exit code and log tail (as CrashLoopBackOff would). A deleted pod's
-container is removed. Anything else in a pod spec it cannot honour fails loudly (`check()`), never silently.
+KUBERNETES_SERVICE_HOST/PORT for the in-cluster config. Host network: the API server listens on loopback. The pod
+turns Running, and Ready once its readiness probe (httpGet on 127.0.0.1) answers 200; a container that exits marks
+the pod not ready with its exit code and log tail (as CrashLoopBackOff would). A deleted pod's container gets
+SIGTERM, and SIGKILL after the pod's terminationGracePeriodSeconds, as kubelet does. Anything else in a pod spec it
+cannot honour fails loudly (`check()`), never silently.
 """
 
 import base64
 import json
 import logging
+import re
 import threading
 import urllib.request
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ from tests.support.oci import Container, Podman
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.5  # the kubelet's sync period here
+DEFAULT_GRACE_SECONDS = 30  # a pod's terminationGracePeriodSeconds when it sets none
 FIELD_REFS = {"metadata.namespace": ("metadata", "namespace"), "metadata.name": ("metadata", "name")}
 
 
@@ -66,6 +69,12 @@ def container_env(container: dict[str, Any], pod: dict[str, Any], server: str) -
     return {**env, "KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port}
 
 
+def expand(text: str, env: dict[str, str]) -> str:
+    """The kubelet's $(VAR) expansion in command and args: a defined variable is replaced, $$ is a literal $, and an
+    undefined reference is left as written."""
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: "$" if m[0] == "$$" else env.get(m[1], m[0]), text)
+
+
 def readiness_url(container: dict[str, Any]) -> str | None:
     probe = (container.get("readinessProbe") or {}).get("httpGet")
     if probe is None:
@@ -96,6 +105,8 @@ class ImageKubelet:
     _ready: set[str] = field(default_factory=set)
     _crashed: set[str] = field(default_factory=set)
     failures: dict[str, str] = field(default_factory=dict)  # pod uid -> why it could not be started
+    stopped_logs: dict[str, str] = field(default_factory=dict)  # container name -> its log, once its pod was deleted
+    _grace: dict[str, int] = field(default_factory=dict)  # pod uid -> terminationGracePeriodSeconds
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -111,6 +122,15 @@ class ImageKubelet:
         for container in self.running.values():
             container.remove()
 
+    def replaced(self, old: Container) -> Container | None:
+        """The one container running once `old`'s pod is gone and its successor is Ready (a rollout), else None."""
+        self.check()
+        running = dict(self.running)  # a snapshot: the sync thread changes it
+        ready = [container for uid, container in running.items() if uid in self._ready]
+        if old in running.values() or len(running) != 1 or len(ready) != 1:
+            return None
+        return ready[0]
+
     def check(self) -> None:
         """Fail the test when a pod could not be started or its container exited."""
         exited = [f"container {self.running[uid].name} exited" for uid in self._crashed]
@@ -118,7 +138,8 @@ class ImageKubelet:
         assert not problems, f"{problems}\n{self.logs()}"
 
     def logs(self) -> str:
-        return "\n".join(f"--- {c.name}\n{c.logs()[-4000:]}" for c in self.running.values())
+        logs = {**self.stopped_logs, **{c.name: c.logs() for c in dict(self.running).values()}}
+        return "\n".join(f"--- {name}\n{text[-4000:]}" for name, text in logs.items())
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -132,9 +153,7 @@ class ImageKubelet:
         pods = self.kube.list("Pod", self.namespace, self.selector)
         alive = {p["metadata"]["uid"]: p for p in pods if not p["metadata"].get("deletionTimestamp")}
         for uid in [uid for uid in self.running if uid not in alive]:
-            self.running.pop(uid).remove()
-            self._ready.discard(uid)
-            self._crashed.discard(uid)
+            self._terminate(uid)
         for uid, pod in alive.items():
             if uid in self.failures:
                 continue
@@ -147,6 +166,16 @@ class ImageKubelet:
                 self._set_status(pod, ready=False)
                 continue
             self._probe(pod, self.running[uid])
+
+    def _terminate(self, uid: str) -> None:
+        """As kubelet stops a deleted pod: SIGTERM, SIGKILL after terminationGracePeriodSeconds; the log is kept."""
+        container = self.running.pop(uid)
+        grace = self._grace.pop(uid, DEFAULT_GRACE_SECONDS)
+        container.podman("stop", "--time", str(grace), container.name, check=False, timeout=grace + 60)
+        self.stopped_logs[container.name] = container.logs()
+        container.remove()
+        self._ready.discard(uid)
+        self._crashed.discard(uid)
 
     def _run(self, pod: dict[str, Any]) -> Container:
         spec = pod["spec"]
@@ -169,11 +198,14 @@ class ImageKubelet:
         security = container.get("securityContext") or {}
         user = security.get("runAsUser", spec.get("securityContext", {}).get("runAsUser"))
         assert user is not None, "the pod must say which user it runs as (runAsUser)"
+        self._grace[pod["metadata"]["uid"]] = int(spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS))
+        env = container_env(container, pod, self.cluster.server)
+        command = container.get("command")
         return self.podman.run(
             container["image"],
-            container.get("args") or [],
-            entrypoint=container.get("command"),
-            env=container_env(container, pod, self.cluster.server),
+            [expand(arg, env) for arg in container.get("args") or []],
+            entrypoint=None if command is None else [expand(word, env) for word in command],
+            env=env,
             mounts=mounts,
             read_only=bool(security.get("readOnlyRootFilesystem")),
             network_host=True,
