@@ -7,10 +7,10 @@ give it (Helm source, server-side apply, the CRD from the chart's crds/), is a w
 operator Deployment Healthy only once the container in the image answers its readiness probe; the containerised
 operator takes the team's KVCalibration through Calibrating (an operator upgrade committed to Git mid-run replaces
 the pod: the old one hands the Lease back on SIGTERM, the new one leads at once and carries on with the same Job),
-Verifying and the canary (Argo CD health Progressing), and rolls it back on request (Degraded, canary gone, baseline untouched); deleting the Application removes
-everything the chart made, cluster-wide objects included, but never the CRD (annotated Delete=false: deleting it
-would delete every KVCalibration). The analysis itself needs Prometheus and served models: test_argocd and
-test_rollout_vllm.
+Verifying and the canary (Argo CD health Progressing), and rolls it back on request (Degraded, canary gone, baseline
+untouched); deleting the Application removes everything the chart made, cluster-wide objects included, but never the
+CRD (annotated Delete=false: deleting it would delete every KVCalibration). The analysis itself needs Prometheus and
+served models: test_argocd and test_rollout_vllm.
 """
 
 import copy
