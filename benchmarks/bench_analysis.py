@@ -192,9 +192,10 @@ def oracle_decider(spec: AnalysisSpec) -> Decider:
                 deviation = math.sqrt(var_base / n_base + var_canary / n_canary)
                 z_slower = (mean_canary - mean_base - slower) / deviation
                 z_within = (mean_canary - mean_base - within) / deviation
+                rollback_critical, promote_critical = plan.critical(interval + 1)
                 phase = (
-                    "Failed" if z_slower >= plan.rollback_critical
-                    else "Successful" if z_within <= -plan.promote_critical
+                    "Failed" if z_slower >= rollback_critical
+                    else "Successful" if z_within <= -promote_critical
                     else "Undecided"
                 )  # fmt: skip
             measured = [Measurement(metric="ttft-mean", phase=phase, at=f"t{interval}")]  # type: ignore[arg-type]
