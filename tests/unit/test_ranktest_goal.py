@@ -3,7 +3,6 @@ canary requests per interval the default rank test rolls back >= 95% of 15% regr
 <= 1% of unchanged canaries (lognormal TTFT, shared load drift, per-pod offsets, vLLM's TTFT buckets)."""
 
 import numpy as np
-
 from benchmarks.bench_analysis import RANK, SCENARIOS, evaluate, operator_decider, simulate
 
 

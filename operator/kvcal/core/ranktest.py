@@ -9,10 +9,11 @@ a tolerance? (docs/concepts.md, "The latency test", has the design and its reaso
   ``quantile_from_buckets``: probit-log inside a bucket, exact for a lognormal).
 - Two one-sided decisions: Failed when the canary is confidently slower than baseline x (1 + maxRegression/2),
   Successful when it is confidently faster than baseline x (1 + maxRegression), Undecided (more data) otherwise.
-- Error over the looks of a step (at most 2 x successfulIntervals): a rollback needs failureLimit + 1 Failed looks
-  and a promotion successfulIntervals Successful ones, so by Markov's inequality on the number of rejecting looks
-  each look may use alpha x (looks needed) / looks and either error stays <= alpha, for any dependence between
-  looks and any traffic per interval.
+- Error over the looks of a step (at most 2 x successfulIntervals): the pooled statistic has nearly independent
+  increments, so the boundaries are group-sequential ones designed for the counters (kvcal.core.sequential): a
+  rollback needs failureLimit + 1 Failed looks, a promotion successfulIntervals Successful ones in a row, and each
+  decision errs with probability alpha at its tolerance boundary over all the looks. The boundaries rise with the
+  look (Wang-Tsiatis shape BOUNDARY_SHAPE), spending more of alpha where an early rollback saves the most.
 """
 
 import math
