@@ -15,8 +15,8 @@ Rows, all on the same simulated rollouts:
 - ``kvcal quantile (today)``: the same with ``test: quantile`` (one interval's p95 vs baseline x 1.10);
 - ``Flagger-like``: the canary's p95 alone vs a fixed maximum (nominal baseline p95 x 1.10); rolls back after 2
   failed checks, promotes after 5 passed ones;
-- ``oracle``: the rank test's sequential design (same boundary, looks, alpha, counters) on a Welch t-test of the
-  raw log latencies, which Prometheus never sees: the ceiling for any test on these data.
+- ``oracle``: the rank test's sequential design (same tolerances, per-look boundaries, looks, alpha, counters) on a
+  Welch t-test of the raw log latencies, which Prometheus never sees: the ceiling for any test on these data.
 
 Run: .venv/bin/python benchmarks/bench_analysis.py [--runs 300] [--seed 0] [--quick]
 """
@@ -192,9 +192,10 @@ def oracle_decider(spec: AnalysisSpec) -> Decider:
                 deviation = math.sqrt(var_base / n_base + var_canary / n_canary)
                 z_slower = (mean_canary - mean_base - slower) / deviation
                 z_within = (mean_canary - mean_base - within) / deviation
+                rollback_critical, promote_critical = plan.critical(interval + 1)
                 phase = (
-                    "Failed" if z_slower >= plan.rollback_critical
-                    else "Successful" if z_within <= -plan.promote_critical
+                    "Failed" if z_slower >= rollback_critical
+                    else "Successful" if z_within <= -promote_critical
                     else "Undecided"
                 )  # fmt: skip
             measured = [Measurement(metric="ttft-mean", phase=phase, at=f"t{interval}")]  # type: ignore[arg-type]
@@ -265,6 +266,10 @@ def main() -> None:
           f"{LOAD_SIGMA}, canary pod offset sigma {POD_SIGMA}; regression x{REGRESSION} on the canary; 60 s "
           "intervals, vLLM's TTFT buckets; default spec unless named (maxRegression 0.10, failureLimit 1, "
           "successfulIntervals 5)")  # fmt: skip
+    plan = design(RANK.latency[0], RANK)
+    print(f"rank test, default spec: {plan.looks} looks; Failed at z >= "
+          f"{' '.join(f'{z:.2f}' for z in plan.rollback_boundaries)}; Successful at z <= -("
+          f"{' '.join(f'{z:.2f}' for z in plan.promote_boundaries)})")  # fmt: skip
     print("goal at 300 canary requests per interval (lognormal): detect<=3 >= 95%, false <= 1%\n")
     header = f"{'scenario':<15} {'canary req/ivl':>14}  {'method':<32} {'detect<=3':>9} {'false':>6} {'promoted':>9}"
     print(header)

@@ -13,6 +13,8 @@ import pytest
 
 from kvcal.core.analysis import RequestCounts, assess_run
 from kvcal.core.ranktest import (
+    ALPHA,
+    BOUNDARY_SHAPE,
     Buckets,
     assess_latency_check,
     cdf_at,
@@ -24,6 +26,7 @@ from kvcal.core.ranktest import (
     rank_test,
     step_window_seconds,
 )
+from kvcal.core.sequential import decision_probability
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
 from kvcal.models.status import AnalysisStatus
 
@@ -74,8 +77,9 @@ def test_all_requests_in_one_bucket_are_all_ties() -> None:
     u_statistic, mean, deviation = grouped_mann_whitney([0.0, 40.0, 0.0], [0.0, 7.0, 0.0])
     assert (u_statistic, mean, deviation) == (140.0, 140.0, 0.0)
     buckets = [(0.1, 0.0), (0.25, 40.0), (math.inf, 40.0)]
-    result = rank_test(buckets, [(0.1, 0.0), (0.25, 7.0), (math.inf, 7.0)], design(CHECK, SPEC))
-    assert result.verdict == "Undecided"
+    result = rank_test(buckets, [(0.1, 0.0), (0.25, 7.0), (math.inf, 7.0)], design(CHECK, SPEC), look=1)
+    assert result.slower == 0.5
+    assert result.verdict != "Failed"  # nothing shows the canary slower
 
 
 def test_moved_baseline_of_a_lognormal_is_exact() -> None:
@@ -93,11 +97,19 @@ def test_moved_baseline_of_a_lognormal_is_exact() -> None:
 
 
 def test_design_spends_alpha_over_the_looks_the_counters_need() -> None:
+    """failureLimit 1: the second Failed look rolls back; successfulIntervals 5: five Successful looks in a row
+    promote. Each boundary is designed so that over the step's 10 looks either decision errs with probability
+    alpha at its tolerance boundary, and it rises as (look / looks)^0.25."""
     plan = design(CHECK, SPEC)
     assert (plan.looks, plan.rollback_tolerance, plan.promote_tolerance) == (10, 0.05, 0.10)
-    # failureLimit 1: two Failed looks roll back; successfulIntervals 5: five Successful looks promote (Markov).
-    assert plan.rollback_critical == pytest.approx(NormalDist().inv_cdf(1 - 0.1 * 2 / 10))
-    assert plan.promote_critical == pytest.approx(NormalDist().inv_cdf(1 - 0.1 * 5 / 10))
+    for bounds, needed, consecutive in ((plan.rollback_boundaries, 2, False), (plan.promote_boundaries, 5, True)):
+        assert len(bounds) == 10
+        assert [b / bounds[-1] for b in bounds] == pytest.approx([(k / 10) ** BOUNDARY_SHAPE for k in range(1, 11)])
+        assert decision_probability(bounds, needed, consecutive=consecutive) == pytest.approx(ALPHA, abs=1e-4)
+    # Markov's bound (the design before) tested every look at 2.05 and 1.64: the exact design asks less of look 3.
+    markov = [NormalDist().inv_cdf(1 - ALPHA * needed / 10) for needed in (2, 5)]
+    assert plan.critical(3) == pytest.approx((1.556, 0.918), abs=2e-3)
+    assert plan.critical(3)[0] < markov[0] and plan.critical(3)[1] < markov[1]
 
 
 def roll_out(rng: np.random.Generator, ratio: float, per_interval: int, spec: AnalysisSpec = SPEC) -> tuple[str, int]:

@@ -9,10 +9,11 @@ a tolerance? (docs/concepts.md, "The latency test", has the design and its reaso
   ``quantile_from_buckets``: probit-log inside a bucket, exact for a lognormal).
 - Two one-sided decisions: Failed when the canary is confidently slower than baseline x (1 + maxRegression/2),
   Successful when it is confidently faster than baseline x (1 + maxRegression), Undecided (more data) otherwise.
-- Error over the looks of a step (at most 2 x successfulIntervals): a rollback needs failureLimit + 1 Failed looks
-  and a promotion successfulIntervals Successful ones, so by Markov's inequality on the number of rejecting looks
-  each look may use alpha x (looks needed) / looks and either error stays <= alpha, for any dependence between
-  looks and any traffic per interval.
+- Error over the looks of a step (at most 2 x successfulIntervals): the pooled statistic has nearly independent
+  increments, so the boundaries are group-sequential ones designed for the counters (kvcal.core.sequential): a
+  rollback needs failureLimit + 1 Failed looks, a promotion successfulIntervals Successful ones in a row, and each
+  decision errs with probability alpha at its tolerance boundary over all the looks. The boundaries rise with the
+  look (Wang-Tsiatis shape BOUNDARY_SHAPE), spending more of alpha where an early rollback saves the most.
 """
 
 import math
@@ -31,6 +32,7 @@ from kvcal.core.analysis import (
     query_window_seconds,
     too_few_requests,
 )
+from kvcal.core.sequential import boundaries
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
 from kvcal.models.status import AnalysisStatus, Measurement
 
@@ -38,6 +40,9 @@ from kvcal.models.status import AnalysisStatus, Measurement
 ALPHA = 0.10
 # Looks per analysis step, as a multiple of successfulIntervals (the consecutive confident looks a promotion needs).
 LOOKS_PER_SUCCESSFUL_INTERVAL = 2
+# Both boundaries grow as (look / looks)^BOUNDARY_SHAPE (Wang and Tsiatis' family; 0 would be Pocock's constant
+# boundary): more of alpha is spent on the first looks, where a slower canary is caught before it serves for long.
+BOUNDARY_SHAPE = 0.25
 
 Buckets = Sequence[tuple[float, float]]  # (upper bound le, cumulative count), le=+Inf included
 RankVerdict = Literal["Failed", "Successful", "Undecided"]
@@ -52,8 +57,12 @@ class Design:
     rollback_tolerance: float  # H0 of the rollback decision: canary <= baseline x (1 + this)
     promote_tolerance: float  # H0 of the promote decision: canary >= baseline x (1 + this)
     floor: float  # seconds: a canary within this of the baseline is never confidently slower
-    rollback_critical: float
-    promote_critical: float
+    rollback_boundaries: tuple[float, ...]  # look k is Failed at z_slower >= [k - 1]
+    promote_boundaries: tuple[float, ...]  # look k is Successful at z_within <= -[k - 1]
+
+    def critical(self, look: int) -> tuple[float, float]:
+        """(rollback, promote) critical values of ``look`` (1 = the step's first interval)."""
+        return self.rollback_boundaries[look - 1], self.promote_boundaries[look - 1]
 
 
 def design(check: LatencyCheck, spec: AnalysisSpec, alpha: float = ALPHA) -> Design:
@@ -65,8 +74,8 @@ def design(check: LatencyCheck, spec: AnalysisSpec, alpha: float = ALPHA) -> Des
         rollback_tolerance=check.max_regression / 2,
         promote_tolerance=check.max_regression,
         floor=check.noise_floor_seconds,
-        rollback_critical=_NORMAL.inv_cdf(1 - min(0.5, alpha * (spec.failure_limit + 1) / looks)),
-        promote_critical=_NORMAL.inv_cdf(1 - min(0.5, alpha * spec.successful_intervals / looks)),
+        rollback_boundaries=boundaries(alpha, looks, spec.failure_limit + 1, consecutive=False, shape=BOUNDARY_SHAPE),
+        promote_boundaries=boundaries(alpha, looks, spec.successful_intervals, consecutive=True, shape=BOUNDARY_SHAPE),
     )
 
 
@@ -162,18 +171,15 @@ def rank_z(
     return z, u_statistic / pairs if pairs > 0 else math.nan
 
 
-def rank_test(baseline: Buckets, canary: Buckets, plan: Design) -> RankResult:
-    """One look of the sequential test on pooled bucket counts (see the module's docstring)."""
+def rank_test(baseline: Buckets, canary: Buckets, plan: Design, look: int) -> RankResult:
+    """Look ``look`` of the sequential test on pooled bucket counts (see the module's docstring)."""
+    rollback_critical, promote_critical = plan.critical(look)
     baseline_points, canary_points = cumulative_counts(baseline), cumulative_counts(canary)
     z_slower, _ = rank_z(baseline_points, canary_points, plan.rollback_tolerance, plan.floor)
     z_within, _ = rank_z(baseline_points, canary_points, plan.promote_tolerance, plan.floor)
     _, slower = rank_z(baseline_points, canary_points, 0.0, 0.0)
     verdict: RankVerdict = (
-        "Failed"
-        if z_slower >= plan.rollback_critical
-        else "Successful"
-        if z_within <= -plan.promote_critical
-        else "Undecided"
+        "Failed" if z_slower >= rollback_critical else "Successful" if z_within <= -promote_critical else "Undecided"
     )
     return RankResult(
         verdict=verdict,
@@ -213,7 +219,8 @@ def assess_rank(
             metric=name, phase="Inconclusive", at=at, baseline=baseline_now, canary=canary_now, query=query,
             message=why,
         )  # fmt: skip
-    result = rank_test(pooled[0], pooled[1], plan)
+    result = rank_test(pooled[0], pooled[1], plan, look)
+    rollback_critical, promote_critical = plan.critical(look)
     outcome = {
         "Failed": f"slower than baseline x{1 + plan.rollback_tolerance:g}",
         "Successful": f"faster than baseline x{1 + plan.promote_tolerance:g}",
@@ -222,8 +229,8 @@ def assess_rank(
     message = (
         f"rank test look {look}/{plan.looks}, {result.canary_requests:,.0f} canary vs {result.baseline_requests:,.0f} "
         f"baseline requests: P(canary slower) {result.slower:.3f}; z {result.z_slower:+.2f} vs "
-        f"+{plan.rollback_critical:.2f} at x{1 + plan.rollback_tolerance:g}, z {result.z_within:+.2f} vs "
-        f"-{plan.promote_critical:.2f} at x{1 + plan.promote_tolerance:g}: {outcome}"
+        f"+{rollback_critical:.2f} at x{1 + plan.rollback_tolerance:g}, z {result.z_within:+.2f} vs "
+        f"-{promote_critical:.2f} at x{1 + plan.promote_tolerance:g}: {outcome}"
     )
     return Measurement(
         metric=name, phase=result.verdict, at=at, baseline=baseline_now, canary=canary_now, query=query,
