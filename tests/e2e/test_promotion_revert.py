@@ -12,9 +12,9 @@ from tests.e2e.test_argocd import (
     CALIBRATION_SUMMARY,
     VERIFICATION_SUMMARY,
     finish_job,
+    kustomization,
     promoted,
     promotion_patch,
-    strategic_merge,
 )
 from tests.e2e.test_lifecycle import World, baseline, condition, dataset_configmap, kvcalibration, world
 from tests.support.cluster import wait_for
@@ -67,7 +67,7 @@ def test_promotion_owns_only_its_fields_and_a_manual_revert_is_reported(world: W
 
 
 def test_promotion_patch_applied_by_its_owner_completes_the_promotion(world: World, tmp_path: Path) -> None:
-    """What a Git-owned baseline does (here `kubectl apply` of the merged manifest stands for the sync): kvcal
+    """What a Git-owned baseline does (here `kubectl apply` of the kustomized manifest stands for the sync): kvcal
     waits in AwaitingPromotion, never writes the baseline, and finishes once the baseline carries the promotion."""
     w = world
     model = tmp_path / "model"
@@ -84,7 +84,15 @@ def test_promotion_patch_applied_by_its_owner_completes_the_promotion(world: Wor
     obj = w.wait_phase(NAME, "AwaitingPromotion", 120)
     assert f"kvcal promotion-patch {NAME}" in obj["status"]["message"]
 
-    w.apply(strategic_merge(deployment, promotion_patch(w)))
+    # The team's folder: the Deployment and the printed patch in a kustomization, rendered by kubectl's kustomize.
+    folder = tmp_path / "team"
+    folder.mkdir()
+    (folder / "serving.yaml").write_text(yaml.safe_dump(deployment))
+    (folder / "kvcal-promotion.yaml").write_text(promotion_patch(w))
+    (folder / "kustomization.yaml").write_text(
+        yaml.safe_dump(kustomization({"serving.yaml": []}, "kvcal-promotion.yaml")[0])
+    )
+    w.apply(yaml.safe_load(w.cluster.kubectl("kustomize", str(folder)).stdout))
     obj = w.wait_phase(NAME, "Succeeded", 120)
     assert condition(obj, "Promoted")["status"] == "True"
     assert [h["reason"] for h in obj["status"]["history"]][-2:] == ["PromotedThroughGit", "Promoted"]
