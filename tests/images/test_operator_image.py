@@ -15,7 +15,7 @@ from kvcal.devenv.controlplane import free_port
 from kvcal.devenv.images import IMAGES
 from tests.support.chart import Release, helm, install_chart, release_name, uninstall_chart
 from tests.support.cluster import Cluster, wait_for
-from tests.support.imagekubelet import container_env, service_account_volume
+from tests.support.imagekubelet import container_env, expand, service_account_volume
 from tests.support.oci import Container, Podman
 
 pytestmark = [pytest.mark.cluster, pytest.mark.images]
@@ -77,13 +77,16 @@ def test_operator_image_takes_a_kvcalibration_to_calibrating(
     try:
         container = chart_container(control_plane, release)
         assert container["image"] == IMAGES["operator"].tag, "the chart runs another tag than the build makes"
+        # The pod the chart's Deployment would make: its env (fieldRefs) and $(VAR) args resolved as kubelet does.
+        pod = {"metadata": {"namespace": namespace, "name": f"{release.name}-operator-0"}}
+        env = container_env(container, pod, control_plane.server)
         security = container["securityContext"]
         assert security["readOnlyRootFilesystem"] and security["runAsUser"] == 65532
         operator = podman.run(
             container["image"],
-            container["args"],
+            [expand(arg, env) for arg in container["args"]],
             entrypoint=container["command"],
-            env=container_env(container, {"metadata": {"namespace": namespace}}, control_plane.server),
+            env=env,
             mounts=[(service_account_volume(control_plane, namespace, release.service_account, sa), SA_DIR, "ro")],
             read_only=security["readOnlyRootFilesystem"],
             network_host=True,
