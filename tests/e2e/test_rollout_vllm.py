@@ -73,7 +73,9 @@ ANALYSIS = {
     "warmup": "20s",  # a new vLLM's first requests are slow
     "successfulIntervals": 3,
     "failureLimit": 1,  # one failed interval tolerated, the second rolls back
-    "inconclusiveLimit": 3,
+    # ~20-40 canary requests per 15 s interval: the rank test needs several looks to be confident that a canary which
+    # keeps up is within x2 (promotion takes 3 Successful looks in a row of its 6); Undecided looks count here.
+    "inconclusiveLimit": 5,
     "minRequests": 5,
     # Baseline and canary share 2 CPU cores with the load generator, the API server and Prometheus, so one request
     # in 30 can stall for seconds: the p95 of an interval is that one request. The median is what a serving
