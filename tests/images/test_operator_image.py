@@ -13,6 +13,7 @@ import yaml
 
 from kvcal.devenv.controlplane import free_port
 from kvcal.devenv.images import IMAGES
+from tests.integration.test_chart_install import kvcalibration
 from tests.support.chart import Release, helm, install_chart, release_name, uninstall_chart
 from tests.support.cluster import Cluster, wait_for
 from tests.support.imagekubelet import container_env, expand, service_account_volume
@@ -27,19 +28,6 @@ def chart_container(control_plane: Cluster, release: Release) -> dict[str, Any]:
     (deployment,) = [d for d in yaml.safe_load_all(manifest) if d and d["kind"] == "Deployment"]
     container: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
     return container
-
-
-def kvcalibration(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "kvcal.dev/v1alpha1",
-        "kind": "KVCalibration",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"source": "pvc://models/smollm2"},
-            "calibration": {"dataset": {"source": "configmap://prompts/prompts.jsonl"}, "output": "pvc://models/out"},
-            "serving": {"baseline": {"deployment": "smollm2", "service": "smollm2"}},
-        },
-    }
 
 
 def healthz(port: int) -> bool:
@@ -92,7 +80,7 @@ def test_operator_image_takes_a_kvcalibration_to_calibrating(
             network_host=True,
         )
         wait_running(operator, lambda: healthz(health_port), 60, "the operator's /healthz (the chart's probes)")
-        control_plane.kubectl("create", "configmap", "prompts", "-n", namespace, "--from-literal=prompts.jsonl={}")
+        control_plane.kubectl("create", "configmap", "calib", "-n", namespace, "--from-literal=prompts.jsonl={}")
         control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(kvcalibration("smollm2")))
 
         def calibrating() -> dict[str, Any] | None:
