@@ -2,7 +2,7 @@
 tokens, at the bundled prompts' lengths and at long context; time and peak RSS, one subprocess per measurement.
 
     python benchmarks/bench_calibrate.py [--samples 16|0] [--max-seq-length 512] [--holdout-samples 4]
-                                         [--long-lengths 4096,8192] [--long-samples 1] [--no-before]
+                                         [--long-lengths 4096,8192] [--long-samples 1] [--eager]
                                          [--compare-pipelines] [--compare-observers] [--json FILE]
 
 Rows: the bundled prompts (--samples of them, cut at --max-seq-length, --holdout-samples held-out ones), then for
@@ -10,8 +10,12 @@ each long length L, --long-samples samples of exactly L tokens (bundled calibrat
 held-out sample of L/8 tokens (bundled held-out text; the operator's default holdoutFraction is 0.1).
 Per row, each in its own process: a plain forward (with the LM head, as the model's own forward runs) before and
 after (the smaller time is the reference: a shared machine's load drifts), the bare llm-compressor oneshot as it ships
-(eager attention) and as kvcal runs it (the model's attention), `kvcal calibrate` (everything, with its held-out
-report) and, unless --no-before, `kvcal calibrate` as it ran before keeping the model's attention (eager).
+(eager attention) and with the model's attention, `kvcal calibrate` (everything, with its held-out report: static
+min-max scales from one forward pass, calibrator/forward.py), `kvcal calibrate --oneshot` (the same through
+llm-compressor's oneshot, as kvcal ran before) and, with --eager, `kvcal calibrate --oneshot` under eager attention.
+Two clocks: in-process seconds (the forward loop alone for the plain pass; preflight to report for kvcal calibrate)
+and whole-process seconds, spawn to exit (imports, tokenizer and model load included, for both): the second is what
+a calibration Job costs against a program that only runs the forward pass.
 Peak RSS is the child's ru_maxrss from wait4: the process' whole high-water mark, imports and model included.
 """
 
@@ -41,7 +45,8 @@ MEASUREMENTS = {
     "oneshot-eager": "bare oneshot, eager (as llm-compressor ships)",
     "oneshot": "bare oneshot, model attention (kvcal)",
     "calibrate": "kvcal calibrate (all, with report)",
-    "calibrate-before": "kvcal calibrate before (eager oneshot)",
+    "calibrate-oneshot": "kvcal calibrate --oneshot (before)",
+    "calibrate-eager": "kvcal calibrate --oneshot, eager attention",
 }
 
 
@@ -92,8 +97,10 @@ def measure(kind: str, config: CalibrationConfig) -> dict[str, Any]:
         return {"seconds": time.perf_counter() - t}
     from kvcal.calibrator import run
 
-    if kind == "calibrate-before":  # the code before kvcal kept the model's attention: no model_attention context
+    if kind == "calibrate-eager":  # as llm-compressor ships: no model_attention context
         run.model_attention = lambda _pipeline: nullcontext()  # type: ignore[assignment,misc]
+    if kind in ("calibrate-oneshot", "calibrate-eager"):
+        config = config.model_copy(update={"oneshot": True})
     report = run.calibrate(config)
     return {"seconds": report.summary.duration_seconds, "steps": report.timings_seconds}
 
@@ -101,15 +108,18 @@ def measure(kind: str, config: CalibrationConfig) -> dict[str, Any]:
 def child(kind: str, config: CalibrationConfig) -> dict[str, Any]:
     """Run `measure(kind)` in a fresh process; its result plus the process' peak RSS (MiB)."""
     cmd = [sys.executable, __file__, "--measure", kind, "--config", config.model_dump_json(by_alias=True)]
+    started = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - started
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise RuntimeError(f"{kind}: exit {proc.returncode}: {out[-2000:]}")
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     result["rssMiB"] = usage.ru_maxrss / 1024  # Linux: KiB
+    result["processSeconds"] = wall
     return result
 
 
@@ -133,7 +143,7 @@ def text_records(source: Path, tokens_per_record: int, records: int, path: Path)
     return path
 
 
-def run_row(config: CalibrationConfig, before: bool) -> dict[str, Any]:
+def run_row(config: CalibrationConfig, eager: bool) -> dict[str, Any]:
     cal, hold = calibration_samples(config)
     row: dict[str, Any] = {
         "samples": len(cal),
@@ -141,11 +151,13 @@ def run_row(config: CalibrationConfig, before: bool) -> dict[str, Any]:
         "tokens": sum(len(s.input_ids) for s in cal),
         "holdoutTokens": sum(len(s.input_ids) for s in hold),
     }
-    kinds = ["plain", "oneshot-eager", "oneshot", "calibrate", *(["calibrate-before"] if before else []), "plain"]
+    kinds = ["plain", "oneshot-eager", "oneshot", "calibrate", "calibrate-oneshot", *(["calibrate-eager"] * eager)]
+    kinds.append("plain")
     results: dict[str, list[dict[str, Any]]] = {}
     for kind in kinds:
         results.setdefault(kind, []).append(child(kind, config))
-        print(f"  {kind}: {results[kind][-1]['seconds']:.1f} s, {results[kind][-1]['rssMiB']:.0f} MiB", flush=True)
+        last = results[kind][-1]
+        print(f"  {kind}: {last['seconds']:.1f} s ({last['processSeconds']:.1f} s process), {last['rssMiB']:.0f} MiB")
     plain = min(results["plain"], key=lambda r: float(r["seconds"]))
     row["measurements"] = {kind: (plain if kind == "plain" else rs[0]) for kind, rs in results.items()}
     row["plainSeconds"] = [r["seconds"] for r in results["plain"]]
@@ -154,19 +166,23 @@ def run_row(config: CalibrationConfig, before: bool) -> dict[str, Any]:
 
 def print_row(row: dict[str, Any]) -> None:
     m = row["measurements"]
-    fwd, rss = float(m["plain"]["seconds"]), float(m["plain"]["rssMiB"])
+    fwd, proc, rss = (float(m["plain"][key]) for key in ("seconds", "processSeconds", "rssMiB"))
     print(
         f"\n{row['samples']} calibration samples x <= {row['maxSeqLength']} tokens = {row['tokens']} tokens, "
         f"holdout {row['holdoutTokens']} tokens, {threads()} threads "
         f"(plain forward before/after: {' / '.join(f'{s:.1f}' for s in row['plainSeconds'])} s)"
     )
-    print(f"{'step':<48}{'seconds':>9}{'x plain fwd':>13}{'peak RSS MiB':>14}{'x plain RSS':>13}")
+    print(
+        f"{'step':<46}{'seconds':>9}{'x plain fwd':>13}{'process s':>11}{'x plain process':>17}"
+        f"{'peak RSS MiB':>14}{'x plain RSS':>13}"
+    )
     for kind, name in MEASUREMENTS.items():
         if kind in m:
-            s, r = float(m[kind]["seconds"]), float(m[kind]["rssMiB"])
-            print(f"{name:<48}{s:>9.1f}{s / fwd:>13.2f}{r:>14.0f}{r / rss:>13.2f}")
-    steps = m["calibrate"]["steps"]
-    print("kvcal calibrate, where the time goes: " + ", ".join(f"{k} {v:.1f}s" for k, v in steps.items()))
+            sec, wall, r = (float(m[kind][key]) for key in ("seconds", "processSeconds", "rssMiB"))
+            print(f"{name:<46}{sec:>9.1f}{sec / fwd:>13.2f}{wall:>11.1f}{wall / proc:>17.2f}{r:>14.0f}{r / rss:>13.2f}")
+    for kind in ("calibrate", "calibrate-oneshot"):
+        steps = m[kind]["steps"]
+        print(f"{MEASUREMENTS[kind]}, where the time goes: " + ", ".join(f"{k} {v:.1f}s" for k, v in steps.items()))
 
 
 def ratio(measurements: dict[str, Any], kind: str, key: str, reference: float) -> str:
@@ -174,19 +190,26 @@ def ratio(measurements: dict[str, Any], kind: str, key: str, reference: float) -
 
 
 def print_summary(rows: list[dict[str, Any]]) -> None:
-    print("\nsummary (x = ratio to the plain forward of the same row, measured side by side)")
-    print(
-        f"{'tokens/sample':>14}{'samples':>9}{'plain s':>9}{'eager oneshot x':>17}{'kvcal oneshot x':>17}"
-        f"{'calibrate x':>13}{'before x':>10}{'calibrate RSS x':>17}{'before RSS x':>14}"
+    print("\nsummary (x = ratio to the plain forward of the same row, measured side by side; process = spawn to exit)")
+    columns = (
+        ("eager oneshot x", "oneshot-eager", "seconds"),
+        ("oneshot x", "oneshot", "seconds"),
+        ("calibrate x", "calibrate", "seconds"),
+        ("process x", "calibrate", "processSeconds"),
+        ("RSS x", "calibrate", "rssMiB"),
+        ("--oneshot x", "calibrate-oneshot", "seconds"),
+        ("process x", "calibrate-oneshot", "processSeconds"),
+        ("RSS x", "calibrate-oneshot", "rssMiB"),
     )
+    header = "".join(f"{title:>16}" for title, _, _ in columns)
+    print(f"{'tokens/sample':>14}{'samples':>9}{'plain s':>9}{'process s':>11}{header}")
     for row in rows:
         m = row["measurements"]
-        fwd, rss = float(m["plain"]["seconds"]), float(m["plain"]["rssMiB"])
+        plain = m["plain"]
         print(
-            f"{row['maxSeqLength']:>14}{row['samples']:>9}{fwd:>9.1f}{ratio(m, 'oneshot-eager', 'seconds', fwd):>17}"
-            f"{ratio(m, 'oneshot', 'seconds', fwd):>17}{ratio(m, 'calibrate', 'seconds', fwd):>13}"
-            f"{ratio(m, 'calibrate-before', 'seconds', fwd):>10}{ratio(m, 'calibrate', 'rssMiB', rss):>17}"
-            f"{ratio(m, 'calibrate-before', 'rssMiB', rss):>14}"
+            f"{row['maxSeqLength']:>14}{row['samples']:>9}{float(plain['seconds']):>9.1f}"
+            f"{float(plain['processSeconds']):>11.1f}"
+            + "".join(f"{ratio(m, kind, key, float(plain[key])):>16}" for _, kind, key in columns)
         )
 
 
@@ -241,7 +264,7 @@ def main() -> int:
     ap.add_argument("--holdout-samples", type=int, default=4)
     ap.add_argument("--long-lengths", default="4096,8192", help="comma-separated tokens per sample; '' for none")
     ap.add_argument("--long-samples", type=int, default=1)
-    ap.add_argument("--no-before", action="store_true", help="skip `kvcal calibrate` as it ran before (eager)")
+    ap.add_argument("--eager", action="store_true", help="also `kvcal calibrate --oneshot` under eager attention")
     ap.add_argument("--compare-pipelines", action="store_true")
     ap.add_argument("--compare-observers", action="store_true")
     ap.add_argument("--json", type=Path, help="also write the numbers here")
@@ -282,7 +305,7 @@ def main() -> int:
     rows = []
     for config in configs:
         print(f"row: <= {config.max_seq_length} tokens per sample", flush=True)
-        rows.append(run_row(config, before=not args.no_before))
+        rows.append(run_row(config, eager=args.eager))
     for row in rows:
         print_row(row)
     print_summary(rows)

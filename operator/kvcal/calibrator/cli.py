@@ -58,6 +58,11 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG heatmaps")
     p.add_argument("--query-scales", action="store_true", help="also calibrate q_scale (FP8 attention backends)")
+    p.add_argument(
+        "--oneshot",
+        action="store_true",
+        help="run llm-compressor's oneshot even where one plain forward pass gives the same checkpoint (slower)",
+    )
     p.add_argument("--config", type=Path, help="CalibrationConfig JSON file (flags given here override it)")
     p.add_argument(
         "--demo",
@@ -128,6 +133,8 @@ def config_from_args(args: argparse.Namespace) -> CalibrationConfig:
         values["plots"] = False
     if args.query_scales:
         values["queryScales"] = True
+    if args.oneshot:
+        values["oneshot"] = True
     missing = [f for f, a in (("MODEL_DIR", "modelDir"), ("--data", "data"), ("--out", "out")) if a not in values]
     if missing:
         raise UsageError(f"missing {', '.join(missing)} (or use --demo, or --config FILE)")

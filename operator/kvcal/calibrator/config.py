@@ -52,6 +52,10 @@ class CalibrationConfig(Model):
         default=None,
         description="Target share of samples per bucket upper bound; default: the pool's own length distribution",
     )
+    oneshot: bool = Field(
+        default=False,
+        description="Run llm-compressor's oneshot even where one plain forward pass gives the same checkpoint",
+    )
     plots: bool = True
     force: bool = Field(default=False, description="Replace a non-empty output folder")
     termination_log: Path | None = Field(default=None, description="Where the <=4096-byte summary JSON goes")

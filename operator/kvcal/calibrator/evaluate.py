@@ -109,6 +109,18 @@ def _score_tokens(
             m.tokens += t.numel()
 
 
+@contextmanager
+def quantization_disabled(model: nn.Module) -> Iterator[None]:
+    """llm-compressor's DisableQuantization, from compressed-tensors alone (llm-compressor's import costs seconds)."""
+    from compressed_tensors.quantization import disable_quantization, enable_quantization
+
+    model.apply(disable_quantization)
+    try:
+        yield
+    finally:
+        model.apply(enable_quantization)
+
+
 def evaluate_holdout(
     model: nn.Module,
     samples: Sequence[Sample],
@@ -118,8 +130,6 @@ def evaluate_holdout(
     rounding: Rounding = "nearest",
 ) -> HoldoutResult:
     """Four passes per held-out sample: BF16 (with statistics), FP8 at scale 1.0, per tensor, per head."""
-    from llmcompressor.utils.helpers import DisableQuantization
-
     layers = len(per_tensor["k"])
     head_dim = int(getattr(model.config, "head_dim", 0) or 128)
     kv_bytes = sum(len(s.input_ids) for s in samples) * layers * 2 * heads * head_dim * 2
@@ -144,7 +154,7 @@ def evaluate_holdout(
     handles = attach(model, switch)
     tokens = 0
     try:
-        with torch.no_grad(), DisableQuantization(model):  # our taps quantize; compressed-tensors must not
+        with torch.no_grad(), quantization_disabled(model):  # our taps quantize; compressed-tensors must not
             for s in tqdm(samples, desc="holdout (BF16 / FP8 1.0 / per tensor / per head)", unit="sample"):
                 ids = torch.tensor([s.input_ids])
                 hiddens: dict[str, torch.Tensor] = {}

@@ -114,6 +114,7 @@ class Provenance(Model):
     observer: str
     compressor_observer: str
     pipeline: str
+    calibrated_by: str = "llm-compressor oneshot"  # or kvcal's one forward pass (calibrator/forward.py)
     target_dtype: str = "float8_e4m3fn"
     scale_dtype: str = "bfloat16"
     layers: int
@@ -251,7 +252,8 @@ def markdown(report: Report) -> str:
         "# kvcal calibration report",
         "",
         f"Model `{p.model_dir}` (sha256 {p.model_hash[:16]}), strategy **{p.strategy}**, observer **{p.observer}** "
-        f"(llm-compressor `{p.compressor_observer}`), pipeline {p.pipeline}, target {p.target_dtype}, "
+        f"(llm-compressor `{p.compressor_observer}`), pipeline {p.pipeline}, calibrated by {p.calibrated_by}, "
+        f"target {p.target_dtype}, "
         f"scales saved as {p.scale_dtype}.",
         f"Calibration: {p.samples} samples, {p.tokens} tokens (max {p.max_seq_length}; {p.truncated_samples} samples "
         f"truncated, {p.truncated_tokens} tokens dropped). Holdout: {p.holdout_samples} samples, {p.holdout_tokens} "

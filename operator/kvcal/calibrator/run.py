@@ -4,7 +4,7 @@ import hashlib
 import logging
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
@@ -14,6 +14,7 @@ from typing import Any, Literal
 import torch
 
 from kvcal.calibrator import data as D
+from kvcal.calibrator import forward as F
 from kvcal.calibrator import report as R
 from kvcal.calibrator.attention import model_attention
 from kvcal.calibrator.config import CalibrationConfig
@@ -36,6 +37,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 SENSITIVE_LAYERS = 3
 BYTES_PER_ELEMENT = {"bf16": 2, "fp8": 1}
 # Where vLLM can serve per-head scales (the background primer and kvcal verify --runtime on the CPU backend).
+ONESHOT_STEP = "calibrate (llm-compressor oneshot)"
+FORWARD_STEP = "calibrate (one forward pass, static min-max)"
 PER_HEAD_SERVING = (
     "vLLM applies per-head scales only on attention backends that support them (FlashAttention); others, e.g. "
     "the CPU backend, take the max over heads, which serves the per-tensor row"
@@ -144,10 +147,18 @@ def preflight(config: CalibrationConfig) -> tuple[ModelInfo, Any, DataPlan]:
     return info, tokenizer, plan_data(config, tokenizer, parsed)
 
 
-def save_checkpoint(model: torch.nn.Module, config: CalibrationConfig) -> None:
+def save_with_llmcompressor(model: torch.nn.Module, config: CalibrationConfig) -> None:
+    model.save_pretrained(config.out, save_compressed=True)  # type: ignore[operator]  # llm-compressor's wrapper
+
+
+def save_checkpoint(
+    model: torch.nn.Module,
+    config: CalibrationConfig,
+    writer: Callable[[torch.nn.Module, CalibrationConfig], None] = save_with_llmcompressor,
+) -> None:
     """Weights unchanged + k_scale/v_scale + quantization_config; tokenizer, chat template and generation config are
     copied byte for byte so vLLM serves the calibrated model exactly like the original."""
-    model.save_pretrained(config.out, save_compressed=True)  # type: ignore[operator]
+    writer(model, config)
     for f in config.model_dir.iterdir():
         if f.is_file() and not (config.out / f.name).exists() and f.suffix not in (".safetensors", ".bin"):
             shutil.copy2(f, config.out / f.name)
@@ -283,24 +294,13 @@ def versions() -> dict[str, str]:
     return out
 
 
-def calibrate(config: CalibrationConfig) -> R.Report:
-    """Run the whole calibration; returns the report (its `.summary` is the termination message)."""
-    started = time.perf_counter()
-    timer = Timer()
-    with timer.step("preflight"):
-        info, tokenizer, plan = preflight(config)
-    _prepare_output(config)
-    with timer.step("import torch/transformers/llm-compressor"):
-        import llmcompressor  # noqa: F401
-        from transformers import AutoModelForCausalLM
-    with timer.step("load model"):
-        model = AutoModelForCausalLM.from_pretrained(config.model_dir, dtype=torch.bfloat16)
-        model.eval()  # type: ignore[no-untyped-call]
-    pipeline = choose_pipeline(config.pipeline, info.weight_bytes, device_memory_bytes())
-    calib_tap = Tap(info.kv_heads)
+def calibrate_oneshot(
+    model: torch.nn.Module, config: CalibrationConfig, plan: DataPlan, pipeline: str, calib_tap: Tap, timer: Timer
+) -> tuple[ScaleSet, list[torch.Tensor]]:
+    """llm-compressor's oneshot, our taps riding along; the scales it set (and Q scales, if asked for)."""
     handles = attach(model, calib_tap)
     try:
-        with timer.step("calibrate (llm-compressor oneshot)"), model_attention(pipeline):
+        with timer.step(ONESHOT_STEP), model_attention(pipeline):
             run_oneshot(
                 model,
                 plan.calibration,
@@ -311,10 +311,42 @@ def calibrate(config: CalibrationConfig) -> R.Report:
             )
     finally:
         detach(handles)
-    saved = read_scales(model)
-    query_scales = read_query_scales(model)
-    with timer.step("save checkpoint"):
-        save_checkpoint(model, config)
+    return read_scales(model), read_query_scales(model)
+
+
+def calibrate(config: CalibrationConfig) -> R.Report:
+    """Run the whole calibration; returns the report (its `.summary` is the termination message)."""
+    started = time.perf_counter()
+    timer = Timer()
+    with timer.step("preflight"):
+        info, tokenizer, plan = preflight(config)
+    _prepare_output(config)
+    pipeline = choose_pipeline(config.pipeline, info.weight_bytes, device_memory_bytes())
+    oneshot_reason = F.needs_oneshot(config, pipeline)
+    with timer.step("import transformers" + (" and llm-compressor" if oneshot_reason else "")):
+        if oneshot_reason:
+            import llmcompressor  # noqa: F401
+        from transformers import AutoModelForCausalLM
+    with timer.step("load model"):
+        model = AutoModelForCausalLM.from_pretrained(config.model_dir, dtype=torch.bfloat16)
+        model.eval()  # type: ignore[no-untyped-call]
+    calib_tap = Tap(info.kv_heads)
+    if oneshot_reason:
+        log.info("calibrating with llm-compressor's oneshot: %s", oneshot_reason)
+        saved, query_scales = calibrate_oneshot(model, config, plan, pipeline, calib_tap, timer)
+        with timer.step("save checkpoint"):
+            save_checkpoint(model, config)
+    else:
+        with timer.step(FORWARD_STEP):
+            handles = attach(model, calib_tap)
+            try:
+                F.observe(model, plan.calibration)
+            finally:
+                detach(handles)
+            saved, query_scales = F.static_minmax(calib_tap.observed, info.layers, config.strategy), []
+            F.apply_scales(model, config, saved)
+        with timer.step("save checkpoint"):
+            save_checkpoint(model, config, F.save)
     derived_tensor = per_tensor_scales(calib_tap.observed, info.layers)
     derived_head = per_head_scales(calib_tap.observed, info.layers)
     saved_view = {k: [s.view(-1, 1, 1) if s.numel() > 1 else s.view(1) for s in v] for k, v in saved.items()}
@@ -328,7 +360,8 @@ def calibrate(config: CalibrationConfig) -> R.Report:
             rounding=config.rounding,
         )
     with timer.step("report"):
-        report = assemble(config, info, tokenizer, plan, pipeline, calib_tap, result, saved, timer, started)
+        by = f"llm-compressor oneshot ({oneshot_reason})" if oneshot_reason else F.CALIBRATED_BY
+        report = assemble(config, info, tokenizer, plan, pipeline, by, calib_tap, result, saved, timer, started)
         if query_scales:
             q_max = max(float(scale.max()) for scale in query_scales)
             report = report.model_copy(update={"summary": report.summary.model_copy(update={"q_scale_max": q_max})})
@@ -345,6 +378,7 @@ def assemble(
     tokenizer: Any,
     plan: DataPlan,
     pipeline: str,
+    calibrated_by: str,
     calib_tap: Tap,
     result: HoldoutResult,
     saved: ScaleSet,
@@ -388,6 +422,7 @@ def assemble(
         observer=config.observer,
         compressor_observer=config.compressor_observer,
         pipeline=pipeline,
+        calibrated_by=calibrated_by,
         layers=info.layers,
         kv_heads=heads,
         head_dim=info.head_dim,
