@@ -99,14 +99,19 @@ def _score_tokens(
         sl = slice(start, min(start + _LOGIT_CHUNK, n))
         t = targets[sl]
         ref = torch.log_softmax(hiddens["bf16"][sl].float() @ head.T, dim=-1)
+        ref_prob = ref.exp()  # once per chunk: the exp over the vocabulary costs as much as a log-softmax
         ref_top = ref.argmax(dim=-1)
         for name, h in hiddens.items():
-            lp = ref if name == "bf16" else torch.log_softmax(h[sl].float() @ head.T, dim=-1)
             m = metrics[name]
-            m.nll_sum -= float(lp.gather(1, t.unsqueeze(1)).sum())
-            m.kl_sum += float((ref.exp() * (ref - lp)).sum())
-            m.agree += int((lp.argmax(dim=-1) == ref_top).sum())
             m.tokens += t.numel()
+            if name == "bf16":  # against itself: KL 0 and full agreement, exactly
+                m.nll_sum -= float(ref.gather(1, t.unsqueeze(1)).sum())
+                m.agree += t.numel()
+                continue
+            lp = torch.log_softmax(h[sl].float() @ head.T, dim=-1)
+            m.nll_sum -= float(lp.gather(1, t.unsqueeze(1)).sum())
+            m.kl_sum += float((ref_prob * (ref - lp)).sum())
+            m.agree += int((lp.argmax(dim=-1) == ref_top).sum())
 
 
 @contextmanager
