@@ -171,6 +171,8 @@ def table(runs: list[Run], probes: int) -> str:
         (f"apply -> Job p50 ({probes} applies)", [f"{statistics.median(r.latencies) * 1000:.0f} ms" for r in runs]),
         ("apply -> Job p95", [f"{percentile(r.latencies, 0.95) * 1000:.0f} ms" for r in runs]),
         ("apply -> Job max", [f"{max(r.latencies) * 1000:.0f} ms" for r in runs]),
+        ("the slowest was apply number", [f"{r.latencies.index(max(r.latencies)) + 1}" for r in runs]),
+        ("applies over 1 s", [f"{sum(latency > 1 for latency in r.latencies)}" for r in runs]),
         ("operator RSS idle (1 object)", [f"{r.idle_rss:.0f} MiB" for r in runs]),
         ("operator RSS loaded", [f"{r.loaded_rss:.0f} MiB" for r in runs]),
         ("operator RSS after the applies (peak)", [f"{r.final_rss:.0f} ({r.peak_rss:.0f}) MiB" for r in runs]),

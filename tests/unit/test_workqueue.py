@@ -62,6 +62,32 @@ def test_a_watch_event_runs_before_a_backlog_of_timed_passes() -> None:
     assert order.index("new") <= 4, order  # 0.1 s at 25 timed passes/s, then the event at once
 
 
+def test_a_new_objects_first_pass_runs_before_a_backlog_of_echoed_watch_events() -> None:
+    """After a burst of applies every object's status write echoes back as an event; the next apply's first pass (the
+    one that creates its Job) must not wait behind them."""
+    order: list[str] = []
+
+    async def main() -> None:
+        queue = WorkQueue(lambda ns, name: order.append(name) or None)
+        task = asyncio.ensure_future(queue.run(workers=1))
+        for i in range(50):
+            queue.wake("ns", f"old-{i}")
+        await until(lambda: len(order) == 50)  # each has had its first pass
+        for i in range(50):
+            queue.wake("ns", f"old-{i}")  # the echoes of their status writes
+        queue.wake("ns", "new")
+        await until(lambda: len(order) == 101)
+        queue.forget("ns", "old-0")  # deleted: a re-created object of that name is new again
+        queue.wake("ns", "old-1")
+        queue.wake("ns", "old-0")
+        await until(lambda: len(order) == 103)
+        task.cancel()
+
+    asyncio.run(main())
+    assert order.index("new") <= 51, order[50:]  # at most the echo already picked when it arrived
+    assert order[-2:] == ["old-0", "old-1"]
+
+
 def test_timed_passes_are_paced_shortest_requested_delay_first() -> None:
     started: list[tuple[str, float]] = []
 
