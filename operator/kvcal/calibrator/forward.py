@@ -5,7 +5,7 @@ kvcal's own taps observe the same post-RoPE K/V in a plain forward pass, bit for
 (tests/integration/test_calib_speed.py). So where nothing else is asked of llm-compressor (basic pipeline, static
 min-max, no Q scales), kvcal runs the decoder once (no LM head: the scales need no logits), writes the scales into the
 same compressed-tensors parameters and saves the same checkpoint: identical safetensors bytes, config.json and
-recipe.yaml (tests/integration/test_calib_forward.py). It skips llm-compressor's import, its session and its
+recipe.yaml (tests/integration/test_calib_speed.py). It skips llm-compressor's import, its session and its
 per-module observers (benchmarks/bench_calibrate.py measures both).
 """
 
@@ -86,7 +86,8 @@ def save(model: nn.Module, config: CalibrationConfig) -> None:
     assert compressor is not None, "apply_scales gave the model no quantization config"
     compressor.compress_model(model, skip_compressed=True)
     model.save_pretrained(config.out, max_shard_size="20GB")  # type: ignore[operator]
-    shutil.copy2(config.model_dir / "config.json", config.out / "config.json")  # vLLM reads the original best
+    # llm-compressor too puts the original config.json back (vLLM loads it more reliably than transformers' re-save)
+    shutil.copy2(config.model_dir / "config.json", config.out / "config.json")
     compressor.update_config(str(config.out))
     write_recipe(config, config.out / RECIPE_FILE)
 

@@ -36,9 +36,9 @@ VERSIONED = ("torch", "transformers", "llmcompressor", "compressed-tensors", "kv
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
 SENSITIVE_LAYERS = 3
 BYTES_PER_ELEMENT = {"bf16": 2, "fp8": 1}
-# Where vLLM can serve per-head scales (the background primer and kvcal verify --runtime on the CPU backend).
 ONESHOT_STEP = "calibrate (llm-compressor oneshot)"
 FORWARD_STEP = "calibrate (one forward pass, static min-max)"
+# Where vLLM can serve per-head scales (the background primer and kvcal verify --runtime on the CPU backend).
 PER_HEAD_SERVING = (
     "vLLM applies per-head scales only on attention backends that support them (FlashAttention); others, e.g. "
     "the CPU backend, take the max over heads, which serves the per-tensor row"
