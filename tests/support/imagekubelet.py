@@ -10,6 +10,11 @@ turns Running, and Ready once its readiness probe (httpGet on 127.0.0.1) answers
 the pod not ready with its exit code and log tail (as CrashLoopBackOff would). A deleted pod's container gets
 SIGTERM, and SIGKILL after the pod's terminationGracePeriodSeconds, as kubelet does. Anything else in a pod spec it
 cannot honour fails loudly (`check()`), never silently.
+
+A pod no node was assigned to is removed at once when deleted; a kubelet's pod stays, with its deletionTimestamp, until
+its containers stopped. That matters: the API server rejects a token bound to a pod that is gone, so an operator
+stopping on SIGTERM (handing its Lease back) would get 401 where a real cluster answers. `ImageKubelet` therefore puts
+its finalizer on each pod it runs and takes it off once the container stopped.
 """
 
 import base64
@@ -30,6 +35,7 @@ from tests.support.oci import Container, Podman
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.5  # the kubelet's sync period here
 DEFAULT_GRACE_SECONDS = 30  # a pod's terminationGracePeriodSeconds when it sets none
+FINALIZER = "test.kvcal.dev/image-kubelet"  # the pod stays while its container stops (see above)
 FIELD_REFS = {"metadata.namespace": ("metadata", "namespace"), "metadata.name": ("metadata", "name")}
 
 
@@ -107,6 +113,7 @@ class ImageKubelet:
     failures: dict[str, str] = field(default_factory=dict)  # pod uid -> why it could not be started
     stopped_logs: dict[str, str] = field(default_factory=dict)  # container name -> its log, once its pod was deleted
     _grace: dict[str, int] = field(default_factory=dict)  # pod uid -> terminationGracePeriodSeconds
+    _held: dict[str, str] = field(default_factory=dict)  # pod uid -> name, for the pods that carry FINALIZER
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -121,6 +128,8 @@ class ImageKubelet:
             self._thread.join(timeout=30)
         for container in self.running.values():
             container.remove()
+        for uid in list(self._held):
+            self._release(uid)
 
     def replaced(self, old: Container) -> Container | None:
         """The one container running once `old`'s pod is gone and its successor is Ready (a rollout), else None."""
@@ -159,6 +168,7 @@ class ImageKubelet:
                 continue
             if uid not in self.running:
                 try:
+                    self._hold(pod)
                     self.running[uid] = self._run(pod)
                 except Exception as error:  # once per pod: check() reports it to the test
                     self.failures[uid] = f"pod {pod['metadata']['name']}: {error}"
@@ -176,6 +186,23 @@ class ImageKubelet:
         container.remove()
         self._ready.discard(uid)
         self._crashed.discard(uid)
+        self._release(uid)
+
+    def _hold(self, pod: dict[str, Any]) -> None:
+        finalizers = [*(pod["metadata"].get("finalizers") or []), FINALIZER]
+        self.kube.request("PATCH", "Pod", self.namespace, pod["metadata"]["name"],
+                          body={"metadata": {"finalizers": finalizers}}, content_type=MERGE_PATCH)  # fmt: skip
+        self._held[pod["metadata"]["uid"]] = pod["metadata"]["name"]
+
+    def _release(self, uid: str) -> None:
+        """As kubelet ends a deleted pod once its containers stopped: the pod may go now."""
+        name = self._held.pop(uid, None)
+        pod = None if name is None else self.kube.get("Pod", self.namespace, name)
+        if pod is None or pod["metadata"]["uid"] != uid:
+            return
+        finalizers = [f for f in pod["metadata"].get("finalizers") or [] if f != FINALIZER]
+        self.kube.request("PATCH", "Pod", self.namespace, name,
+                          body={"metadata": {"finalizers": finalizers}}, content_type=MERGE_PATCH)  # fmt: skip
 
     def _run(self, pod: dict[str, Any]) -> Container:
         spec = pod["spec"]
