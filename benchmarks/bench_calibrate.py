@@ -61,6 +61,27 @@ def load(model_dir: Path) -> torch.nn.Module:
     return model.eval()
 
 
+def cpu_line() -> str:
+    """The CPU and its matmul rate in BF16 and float32 (a CPU without BF16 instructions runs the BF16 model many
+    times slower, which changes every ratio below: fixed costs weigh less, forward passes more)."""
+    import platform
+
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor() or "unknown")  # fmt: skip
+    rates = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        weight, x = torch.randn(1536, 576, dtype=dtype), torch.randn(512, 576, dtype=dtype)  # a demo-model MLP GEMM
+        torch.nn.functional.linear(x, weight)
+        t = time.perf_counter()
+        for _ in range(3):
+            torch.nn.functional.linear(x, weight)
+        rates[dtype] = 3 * 2 * 512 * 576 * 1536 / (time.perf_counter() - t) / 1e9
+    return (
+        f"CPU: {model}, torch {torch.backends.cpu.get_cpu_capability()}, {threads()} threads; matmul "
+        f"BF16 {rates[torch.bfloat16]:.0f} GFLOP/s, float32 {rates[torch.float32]:.0f} GFLOP/s"
+    )
+
+
 def calibration_samples(config: CalibrationConfig) -> tuple[list[Sample], list[Sample]]:
     from transformers import AutoTokenizer
 
@@ -302,6 +323,8 @@ def main() -> int:
                 **common,
             )
         )
+    torch.set_num_threads(threads())
+    print(cpu_line(), flush=True)
     rows = []
     for config in configs:
         print(f"row: <= {config.max_seq_length} tokens per sample", flush=True)
