@@ -1,8 +1,8 @@
-"""tests/support/prereq.require: a missing prerequisite skips on a workstation and fails under CI."""
+"""tests/support/prereq: a missing prerequisite skips on a workstation and fails under CI; missing hardware skips."""
 
 import pytest
 
-from tests.support.prereq import in_ci, require, require_module
+from tests.support.prereq import HARDWARE_ENV, in_ci, require, require_hardware, require_module
 
 
 @pytest.mark.parametrize("value", ["true", "1", "yes", "True"])
@@ -33,3 +33,19 @@ def test_a_present_prerequisite_passes_either_way(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("CI", ci)
     require("/usr/bin/helm", "helm missing")
     assert require_module("json", "stdlib").dumps([]) == "[]"
+
+
+@pytest.mark.parametrize("ci", ["true", "false"])
+def test_missing_hardware_skips_even_under_ci(monkeypatch: pytest.MonkeyPatch, ci: str) -> None:
+    monkeypatch.setenv("CI", ci)
+    monkeypatch.delenv(HARDWARE_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="this machine's hardware: no AVX-512"):
+        require_hardware(None, "no AVX-512")
+    require_hardware("avx512f", "no AVX-512")
+
+
+def test_missing_hardware_fails_where_the_ci_asks_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CI", "true")
+    monkeypatch.setenv(HARDWARE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match=rf"{HARDWARE_ENV} is set.*no AVX-512"):
+        require_hardware(False, "no AVX-512")
