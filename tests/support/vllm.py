@@ -55,7 +55,7 @@ def vllm_server(
     any_vllm: None, demo_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[VllmServer]:
     log = tmp_path_factory.mktemp("vllm") / "vllm-serve.log"
-    # not "auto": vLLM takes fp8 from the checkpoint's kv_cache_scheme then
+    # BF16 where the CPU has no FP8 kernel, named: "auto" takes fp8 from the checkpoint's kv_cache_scheme
     kv_cache_dtype = "fp8" if fp8_kv_missing() is None else "bfloat16"
     config = ServerConfig(
         Path(demo_checkpoint),
