@@ -47,8 +47,12 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     p.add_argument(
         "--max-model-len", type=int, help=_help("max_model_len", "longest context served, for the length coverage")
     )
-    p.add_argument("--holdout-fraction", type=float, help=_help("holdout_fraction", "share of --data held out"))
-    p.add_argument("--holdout-samples", type=int, help=_help("holdout_samples", "cap on held-out samples evaluated"))
+    p.add_argument(
+        "--holdout-fraction",
+        type=float,
+        help=_help("holdout_fraction", "share of the samples used that is held out (split off --data)"),
+    )
+    p.add_argument("--holdout-samples", type=int, help=_help("holdout_samples", "held-out samples scored"))
     p.add_argument("--seed", type=int, help=_help("seed", "split and sampling seed"))
     p.add_argument(
         "--pipeline", choices=["auto", "basic", "sequential"], help=_help("pipeline", "llm-compressor pipeline")

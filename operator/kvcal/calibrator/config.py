@@ -1,6 +1,7 @@
 """CalibrationConfig: the calibration Job's config file (JSON, camelCase, written by the operator) and the parsed
 form of `kvcal calibrate` flags. One model for both, so the CLI and the Job cannot drift apart."""
 
+import math
 from itertools import pairwise
 from pathlib import Path
 from typing import Literal
@@ -29,7 +30,11 @@ class CalibrationConfig(Model):
     )
     max_seq_length: int = Field(default=4096, ge=16, description="Longer samples are truncated (and counted)")
     holdout_fraction: float = Field(default=0.1, gt=0, le=0.5)
-    holdout_samples: int | None = Field(default=None, ge=1, description="Cap on held-out samples evaluated")
+    holdout_samples: int | None = Field(
+        default=None,
+        ge=1,
+        description="Held-out samples scored (default: holdoutFraction's share of the samples used)",
+    )
     max_model_len: int | None = Field(
         default=None,
         ge=1,
@@ -82,6 +87,16 @@ class CalibrationConfig(Model):
         """Samples to calibrate on: the explicit `samples` (checked against `available` by the caller), else all
         available up to DEFAULT_MAX_SAMPLES."""
         return self.samples if self.samples is not None else min(available, DEFAULT_MAX_SAMPLES)
+
+    def holdout_count(self, calibration_samples: int, available: int) -> int:
+        """Held-out samples to score: the explicit `holdoutSamples`, else holdoutFraction's share of the samples used
+        (calibration + held-out), so that the report's four passes stay a fixed share of the calibration pass however
+        large the dataset (the split holds out holdoutFraction of every record); at most `available`."""
+        if self.holdout_samples is not None:
+            return min(self.holdout_samples, available)
+        per_calibration_sample = self.holdout_fraction / (1 - self.holdout_fraction)
+        # round() first: 9 * (0.1 / 0.9) is 1.0000000000000002 in floating point, which must not become 2.
+        return min(available, max(1, math.ceil(round(calibration_samples * per_calibration_sample, 9))))
 
     @property
     def compressor_observer(self) -> str:

@@ -106,9 +106,10 @@ def plan_data(config: CalibrationConfig, tokenizer: D.Tokenizer, parsed: Parsed 
         [len(i) for i in pool_ids], wanted, config.length_buckets, config.length_distribution, config.seed
     )
     held_ids = [D.render(r, tokenizer) for r in held]
-    if config.holdout_samples is not None and config.holdout_samples < len(held):
+    held_wanted = config.holdout_count(len(sel.indices), len(held))
+    if held_wanted < len(held):  # along the held-out pool's own lengths
         keep = D.select_by_length(
-            [len(i) for i in held_ids], config.holdout_samples, config.length_buckets, None, config.seed
+            [len(i) for i in held_ids], held_wanted, config.length_buckets, None, config.seed
         ).indices
         held, held_ids = [held[i] for i in keep], [held_ids[i] for i in keep]
     cal = [D.truncate(pool_ids[i], config.max_seq_length, pool[i].source, pool[i].kind) for i in sel.indices]
