@@ -2,7 +2,8 @@
 tokens, at the bundled prompts' lengths and at long context; time and peak RSS, one subprocess per measurement.
 
     python benchmarks/bench_calibrate.py [--samples 16|0] [--max-seq-length 512] [--holdout-samples 4]
-                                         [--long-lengths 4096,8192] [--long-samples 1] [--eager]
+                                         [--long-lengths 4096,8192] [--long-samples 1] [--eager-up-to 4096]
+                                         [--eager]
                                          [--compare-pipelines] [--compare-observers] [--json FILE]
 
 Rows: first as the operator runs it: the calibrator config the operator's Job reads (core/manifests/jobs.py) for a
@@ -17,6 +18,8 @@ after (the smaller time is the reference: a shared machine's load drifts), the b
 (eager attention) and with the model's attention, `kvcal calibrate` (everything, with its held-out report: static
 min-max scales from one forward pass, calibrator/forward.py), `kvcal calibrate --oneshot` (the same through
 llm-compressor's oneshot, as kvcal ran before) and, with --eager, `kvcal calibrate --oneshot` under eager attention.
+The bare eager oneshot runs only on rows of at most --eager-up-to tokens per sample: it is a reference, not kvcal's
+path, and its time grows with the square of the length (566 s at 4,096 tokens on a 2-core AVX2 CPU).
 Two clocks: in-process seconds (the forward loop alone for the plain pass; preflight to report for kvcal calibrate)
 and whole-process seconds, spawn to exit (imports, tokenizer and model load included, for both): the second is what
 a calibration Job costs against a program that only runs the forward pass.
@@ -196,7 +199,9 @@ def operator_config(out: Path, samples: int, max_seq_length: int) -> Calibration
     return CalibrationConfig.model_validate(calibration_config(spec) | paths)
 
 
-def run_row(config: CalibrationConfig, eager: bool, label: str, kinds: list[str] | None = None) -> dict[str, Any]:
+def run_row(
+    config: CalibrationConfig, eager: bool, eager_up_to: int, label: str, kinds: list[str] | None = None
+) -> dict[str, Any]:
     cal, hold = calibration_samples(config)
     row: dict[str, Any] = {
         "label": label,
@@ -207,7 +212,8 @@ def run_row(config: CalibrationConfig, eager: bool, label: str, kinds: list[str]
         "holdoutTokens": sum(len(s.input_ids) for s in hold),
     }
     if kinds is None:
-        kinds = ["plain", "oneshot-eager", "oneshot", "calibrate", "calibrate-oneshot", *(["calibrate-eager"] * eager)]
+        bare_eager = ["oneshot-eager"] if config.max_seq_length <= eager_up_to else []
+        kinds = ["plain", *bare_eager, "oneshot", "calibrate", "calibrate-oneshot", *(["calibrate-eager"] * eager)]
     kinds = [*kinds, "plain"]
     results: dict[str, list[dict[str, Any]]] = {}
     for kind in kinds:
@@ -323,6 +329,9 @@ def main() -> int:
     ap.add_argument("--holdout-samples", type=int, default=4)
     ap.add_argument("--long-lengths", default="4096,8192", help="comma-separated tokens per sample; '' for none")
     ap.add_argument("--long-samples", type=int, default=1)
+    ap.add_argument(
+        "--eager-up-to", type=int, default=4096, help="the bare eager oneshot only on rows of at most this many tokens"
+    )
     ap.add_argument("--eager", action="store_true", help="also `kvcal calibrate --oneshot` under eager attention")
     ap.add_argument("--compare-pipelines", action="store_true")
     ap.add_argument("--compare-observers", action="store_true")
@@ -366,7 +375,7 @@ def main() -> int:
     rows = []
     for label, config, kinds in configs:
         print(f"row {label}: <= {config.max_seq_length} tokens per sample", flush=True)
-        rows.append(run_row(config, args.eager, label, kinds))
+        rows.append(run_row(config, args.eager, args.eager_up_to, label, kinds))
     for row in rows:
         print_row(row)
     print_summary(rows)
