@@ -19,7 +19,7 @@ after (the smaller time is the reference: a shared machine's load drifts), the b
 min-max scales from one forward pass, calibrator/forward.py), `kvcal calibrate --oneshot` (the same through
 llm-compressor's oneshot, as kvcal ran before) and, with --eager, `kvcal calibrate --oneshot` under eager attention.
 The bare eager oneshot runs only on rows of at most --eager-up-to tokens per sample: it is a reference, not kvcal's
-path, and its time grows with the square of the length (566 s at 4,096 tokens on a 2-core AVX2 CPU).
+path, and its time grows with the square of the length (605 s at 4,096 tokens on a 2-core AVX2 CPU).
 Two clocks: in-process seconds (the forward loop alone for the plain pass; preflight to report for kvcal calibrate)
 and whole-process seconds, spawn to exit (imports, tokenizer and model load included, for both): the second is what
 a calibration Job costs against a program that only runs the forward pass.

@@ -7,9 +7,9 @@ For each --objects scale (one column each, side by side): starts etcd + kube-api
 (kvcal.devenv), runs `kvcal operator run` as a subprocess (as in production), creates that many KVCalibrations and
 waits until each has its calibration Job (nothing plays kubelet, so they stay Calibrating and keep polling), then
 applies --probes more one at a time and times each from the create call (the apply) to the Job being readable (polled
-every 10 ms: that is the resolution). Creating 5,000 objects and their Jobs costs the API server ~40,000 writes: on
-2 cores shared with other work the 5,000 column takes hours (the API server, not the operator, is the bottleneck);
-`--objects 500` is the quick run.
+every 10 ms: that is the resolution). Creating 5,000 objects and their Jobs costs the API server ~40,000 writes: on 2
+quiet cores all 5,000 Jobs existed 230 s after the first create, but on cores shared with other work the column takes
+hours (the API server, not the operator, is the bottleneck); `--objects 500` is the quick run.
 """
 
 import argparse
