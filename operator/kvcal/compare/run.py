@@ -58,6 +58,14 @@ def cpu_fp8_support(cpuinfo: str) -> str | None:
     return "vLLM's CPU backend needs AVX-512 or AMX for FP8 KV; this CPU has neither"
 
 
+def fp8_kv_missing() -> str | None:
+    """Why this machine's vLLM cannot store FP8 KV, or None (a CUDA build can: the GPU checks it at start-up)."""
+    if platform() != "cpu":
+        return None
+    cpuinfo = Path("/proc/cpuinfo")
+    return cpu_fp8_support(cpuinfo.read_text()) if cpuinfo.exists() else "no /proc/cpuinfo: cannot check AVX-512"
+
+
 def checkpoint_strategy(directory: Path) -> str | None:
     try:
         config = json.loads((directory / "config.json").read_text())
