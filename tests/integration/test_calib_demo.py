@@ -116,10 +116,24 @@ def test_termination_summary_fits_and_has_the_contract_keys(demo_calibration: De
     raw = demo_calibration.termination_log.read_bytes()
     assert len(raw) <= 4096
     summary = json.loads(raw)
-    assert set(summary) == SUMMARY_KEYS
+    # no accelerator, so no peak device memory; no revision given
+    assert set(summary) == SUMMARY_KEYS - {"peakDeviceMemoryBytes", "modelRevision"}
+    assert (summary["device"], summary["placement"], summary["dtype"]) == ("cpu", "cpu", "bfloat16")
+    assert summary["tokensPerSecond"] > 0
+    report = demo_calibration.report
+    assert summary["modelHash"] == report["provenance"]["modelHash"]  # type: ignore[index]
     assert summary["reportVersion"] == 1 and summary["strategy"] == "tensor" and summary["observer"] == "static-minmax"
     assert summary["artifact"] == str(demo_calibration.path)
     assert set(summary["holdoutClipRateDefault"]) == {"k", "v"}
+
+
+def test_demo_report_says_where_it_computed(demo_checkpoint: Path) -> None:
+    from kvcal.verify.digest import weights_digest
+
+    report = json.loads((demo_checkpoint / "kvcal-report.json").read_text())
+    assert report["device"]["devices"] == ["cpu"] and report["device"]["placement"] == "cpu"
+    assert "device: cpu (cpu: no accelerator visible), bfloat16" in (demo_checkpoint / "report.md").read_text()
+    assert report["provenance"]["artifactHash"] == weights_digest(demo_checkpoint)
 
 
 def test_report_validates_against_its_schema(demo_checkpoint: Path) -> None:

@@ -60,6 +60,13 @@ SUMMARY = json.dumps(
         "top1AgreementCalibrated": 0.981,
         "durationSeconds": 61.2,
         "artifact": "/kvcal/pvc/models/smollm2-fp8kv",
+        "modelHash": "9f2c" * 16,
+        "modelRevision": "abc123",
+        "device": "cuda:0,cuda:1",
+        "placement": "several-devices",
+        "dtype": "bfloat16",
+        "peakDeviceMemoryBytes": 71_000_000_000,
+        "tokensPerSecond": 41250.5,
         "reportVersion": 1,
     }
 )
@@ -473,6 +480,9 @@ def test_calibration_summary_copied_into_status() -> None:
     assert c.holdout_clip_rate_default is not None and c.holdout_clip_rate_default.k == 0.012
     assert (c.top1_agreement_default, c.top1_agreement_calibrated) == (0.906, 0.981)
     assert c.artifact == "pvc://models/smollm2-fp8kv" and c.spec_hash == H and c.job == CALIB
+    assert (c.model_hash, c.model_revision) == ("9f2c" * 16, "abc123")
+    assert (c.device, c.placement, c.dtype) == ("cuda:0,cuda:1", "several-devices", "bfloat16")
+    assert (c.peak_device_memory_bytes, c.tokens_per_second) == (71_000_000_000, 41250.5)
     calibrated = next(x for x in d.status.conditions if x.type == "Calibrated")
     assert (calibrated.status, calibrated.reason) == ("True", "JobSucceeded")
 

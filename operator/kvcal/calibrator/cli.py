@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kvcal.calibrator.config import DEFAULT_TERMINATION_LOG, CalibrationConfig
+from kvcal.core.manifests.jobs import DEADLINE_ENV
 
 log = logging.getLogger("kvcal.calibrator")
 
@@ -60,6 +61,16 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     p.add_argument(
         "--rounding", choices=["nearest", "toward-zero"], help=_help("rounding", "FP8 rounding emulated in the report")
     )
+    p.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        help=_help("device", "cuda: the visible GPUs (one, several, or layer by layer); cpu for trials"),
+    )
+    p.add_argument(
+        "--deadline-seconds",
+        type=int,
+        help=_help("deadline_seconds", "refuse, before the model loads, a calibration estimated to need longer"),
+    )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG heatmaps")
     p.add_argument("--query-scales", action="store_true", help="also calibrate q_scale (FP8 attention backends)")
     p.add_argument(
@@ -106,6 +117,8 @@ FLAG_FIELDS = (
     "seed",
     "pipeline",
     "rounding",
+    "device",
+    "deadline_seconds",
     "termination_log",
 )
 
@@ -127,6 +140,9 @@ def config_from_args(args: argparse.Namespace) -> CalibrationConfig:
         )
     if args.model_dir is not None:
         values["modelDir"] = args.model_dir
+    # The Job passes its activeDeadlineSeconds in the environment (core/manifests/jobs.py says why).
+    if os.environ.get(DEADLINE_ENV):
+        values["deadlineSeconds"] = os.environ[DEADLINE_ENV]
     for name in FLAG_FIELDS:
         v = getattr(args, name)
         if v is not None:
@@ -224,6 +240,8 @@ def execute(config: CalibrationConfig, as_json: bool, termination_log: Path | No
         )
         print(R.comparison_table(report))
         print("\n" + R.coverage_line(report))
+        if report.device:
+            print("\n" + R.device_line(report.device))
         print("\nTimings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in report.timings_seconds.items()))
     return 0
 

@@ -61,6 +61,20 @@ class CalibrationConfig(Model):
         default=False,
         description="Run llm-compressor's oneshot even where one plain forward pass gives the same checkpoint",
     )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto",
+        description="Where the model computes: the visible CUDA devices when there are any (one, several, or layer "
+        "by layer through the first), else the CPU",
+    )
+    deadline_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        description="Refuse before the model loads a calibration estimated to need longer (default: no limit; in "
+        "the Job, its activeDeadlineSeconds, passed as KVCAL_DEADLINE_SECONDS)",
+    )
+    model_revision: str | None = Field(
+        default=None, description="The model's revision (spec.model.revision), recorded in the report and status"
+    )
     plots: bool = True
     force: bool = Field(default=False, description="Replace a non-empty output folder")
     termination_log: Path | None = Field(default=None, description="Where the <=4096-byte summary JSON goes")

@@ -12,6 +12,7 @@ from torch import nn
 from tqdm import tqdm
 
 from kvcal.calibrator.data import Sample
+from kvcal.calibrator.placement import input_device
 from kvcal.calibrator.quant import ErrorStats, Rounding, as_saved, scale_for_absmax
 from kvcal.calibrator.taps import KINDS, Tap, TensorStats, attach, detach
 
@@ -155,21 +156,29 @@ def evaluate_holdout(
     lm_head = model.get_output_embeddings()  # type: ignore[operator]
     if not isinstance(lm_head, nn.Linear) or lm_head.bias is not None:
         raise ValueError(f"unsupported LM head {type(lm_head).__name__}: expected a bias-free nn.Linear")
-    head = lm_head.weight.detach().float()
+    from compressed_tensors.offload import get_execution_device
+
+    # Where the LM head computes (an offloaded head's weight is onloaded there on access); the last hidden state
+    # is moved there, the usual case being that both are on the same device already.
+    head_device = torch.device(get_execution_device(lm_head))
+    head = lm_head.weight.detach().to(head_device, torch.float32)
+    device = input_device(model)
     handles = attach(model, switch)
     tokens = 0
     try:
         with torch.no_grad(), quantization_disabled(model):  # our taps quantize; compressed-tensors must not
             for s in tqdm(samples, desc="holdout (BF16 / FP8 1.0 / per tensor / per head)", unit="sample"):
-                ids = torch.tensor([s.input_ids])
+                ids = torch.tensor([s.input_ids], device=device)
                 hiddens: dict[str, torch.Tensor] = {}
                 with switch.using(stats_tap):
                     hiddens["bf16"] = _hidden(model, ids)
                 for name, tap in fp8_taps.items():
                     with switch.using(tap):
                         hiddens[name] = _hidden(model, ids)
-                _score_tokens(head, {k: h[:-1] for k, h in hiddens.items()}, ids[0, 1:], metrics)
+                shifted = {k: h[:-1].to(head_device) for k, h in hiddens.items()}
+                _score_tokens(head, shifted, ids[0, 1:].to(head_device), metrics)
                 tokens += ids.numel()
+            stats_tap.to_cpu()
             oracle = per_head_scales(stats_tap.observed, layers)
             errors = dict(stats_tap.errors)
             errors.update(_oracle_errors(model, samples, stats_tap, oracle, switch, heads, rounding))
@@ -196,7 +205,9 @@ def _oracle_errors(
         stats_tap.kept.clear()
     else:
         log.info("holdout K/V too large to keep: one more BF16 pass for the oracle's numerics")
+        device = input_device(model)
         with switch.using(scorer):
             for s in tqdm(samples, desc="holdout (oracle numerics)", unit="sample"):
-                _hidden(model, torch.tensor([s.input_ids]))
+                _hidden(model, torch.tensor([s.input_ids], device=device))
+    scorer.to_cpu()
     return scorer.errors

@@ -20,12 +20,14 @@ from torch import nn
 from kvcal.calibrator.config import CalibrationConfig
 from kvcal.calibrator.data import Sample
 from kvcal.calibrator.evaluate import ScaleSet, per_head_scales, per_tensor_scales
+from kvcal.calibrator.placement import input_device
 from kvcal.calibrator.recipe import kv_cache_scheme
 from kvcal.calibrator.taps import KINDS, TensorStats, attention_layers
 
 RECIPE_FILE = "recipe.yaml"  # llm-compressor's RECIPE_FILE_NAME
 STATIC_MINMAX = "static_minmax"
 CALIBRATED_BY = "one plain forward pass (kvcal's taps, static min-max)"
+SCALE_SUFFIXES = ("k_scale", "v_scale")
 
 
 def needs_oneshot(config: CalibrationConfig, pipeline: str) -> str | None:
@@ -46,9 +48,10 @@ def needs_oneshot(config: CalibrationConfig, pipeline: str) -> str | None:
 def observe(model: nn.Module, samples: Sequence[Sample]) -> None:
     """One plain forward pass of the decoder over each sample; the taps attached to `model` see every K and V."""
     decoder: Any = model.get_decoder()  # type: ignore[operator]
+    device = input_device(model)
     with torch.no_grad():
         for sample in samples:
-            decoder(input_ids=torch.tensor([sample.input_ids]), use_cache=False)
+            decoder(input_ids=torch.tensor([sample.input_ids], device=device), use_cache=False)
 
 
 def static_minmax(observed: dict[tuple[int, str], TensorStats], layers: int, strategy: str) -> ScaleSet:
@@ -70,11 +73,14 @@ def apply_scales(model: nn.Module, config: CalibrationConfig, scales: ScaleSet) 
         QuantizationConfig(config_groups={}, kv_cache_scheme=scheme, quantization_status=QuantizationStatus.FROZEN),
         show_progress=False,
     )
+    from compressed_tensors.offload import update_offload_parameter
+
     with torch.no_grad():
         for layer, attn in enumerate(attention_layers(model)):
             for kind in KINDS:
                 param: torch.Tensor = getattr(attn, f"{kind}_scale")
-                param.copy_(scales[kind][layer].view_as(param).to(param.dtype))
+                value = scales[kind][layer].view(param.shape).to(param.device, param.dtype)
+                update_offload_parameter(attn, f"{kind}_scale", value)  # an offloaded layer's stored copy too
 
 
 def save(model: nn.Module, config: CalibrationConfig) -> None:
@@ -85,11 +91,26 @@ def save(model: nn.Module, config: CalibrationConfig) -> None:
     compressor = ModelCompressor.from_pretrained_model(model, quantization_format=None)
     assert compressor is not None, "apply_scales gave the model no quantization config"
     compressor.compress_model(model, skip_compressed=True)
-    model.save_pretrained(config.out, max_shard_size="20GB")  # type: ignore[operator]
+    # The source's tensors and the scales, nothing else: a model loaded with offloading holds tied weights (a tied
+    # LM head) as separate tensors, which save_pretrained would write twice.
+    names = source_tensor_names(config.model_dir)
+    state = {key: value for key, value in model.state_dict().items() if key in names or key.endswith(SCALE_SUFFIXES)}
+    model.save_pretrained(config.out, state_dict=state, max_shard_size="20GB")  # type: ignore[operator]
     # llm-compressor too puts the original config.json back (vLLM loads it more reliably than transformers' re-save)
     shutil.copy2(config.model_dir / "config.json", config.out / "config.json")
     compressor.update_config(str(config.out))
     write_recipe(config, config.out / RECIPE_FILE)
+
+
+def source_tensor_names(model_dir: Path) -> set[str]:
+    """Tensor names of a safetensors checkpoint, read from the files' headers (no tensor is loaded)."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for shard in model_dir.glob("*.safetensors"):
+        with safe_open(shard, framework="pt") as stream:
+            names.update(stream.keys())
+    return names
 
 
 def recipe(config: CalibrationConfig) -> dict[str, Any]:

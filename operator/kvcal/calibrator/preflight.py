@@ -24,6 +24,9 @@ class ModelInfo:
     layers: int
     kv_heads: int
     head_dim: int
+    hidden_size: int = 0
+    intermediate_size: int = 0
+    vocab_size: int = 0
 
 
 def inspect_model(model_dir: Path) -> ModelInfo:
@@ -74,6 +77,9 @@ def inspect_model(model_dir: Path) -> ModelInfo:
         layers=int(text.get("num_hidden_layers", 0)),
         kv_heads=kv_heads,
         head_dim=head_dim,
+        hidden_size=int(text.get("hidden_size") or 0),
+        intermediate_size=int(text.get("intermediate_size") or 0),
+        vocab_size=int(text.get("vocab_size") or cfg.get("vocab_size") or 0),
     )
 
 

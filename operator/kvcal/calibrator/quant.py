@@ -57,9 +57,13 @@ class ErrorStats:
     noise: torch.Tensor
 
     @staticmethod
-    def zeros(heads: int) -> "ErrorStats":
-        z = torch.zeros(heads, dtype=torch.float64)
+    def zeros(heads: int, device: torch.device | str = "cpu") -> "ErrorStats":
+        z = torch.zeros(heads, dtype=torch.float64, device=device)
         return ErrorStats(z.clone(), z.clone(), z.clone(), z.clone())
+
+    def to_cpu(self) -> None:
+        self.count, self.clipped = self.count.cpu(), self.clipped.cpu()
+        self.signal, self.noise = self.signal.cpu(), self.noise.cpu()
 
     def add(self, other: "ErrorStats") -> None:
         self.count += other.count
@@ -81,7 +85,7 @@ def error_stats(x: torch.Tensor, scale: torch.Tensor, rounding: Rounding = "near
     dims = (0, 2, 3)
     per_head = xf[0, :, 0, 0].numel()
     return ErrorStats(
-        count=torch.full((per_head,), xf.numel() / per_head, dtype=torch.float64),
+        count=torch.full((per_head,), xf.numel() / per_head, dtype=torch.float64, device=x.device),
         clipped=((xf / scale).abs() > FP8_MAX).sum(dim=dims).to(torch.float64),
         signal=xf.square().sum(dim=dims).to(torch.float64),
         noise=(xf - deq).square().sum(dim=dims).to(torch.float64),

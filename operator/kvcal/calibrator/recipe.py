@@ -3,8 +3,7 @@
 Measured on SmolLM2-135M (benchmarks/bench_calibrate.py, 6 samples / 768 tokens, 2 CPU cores):
 - Pipeline: for a KV-only scheme `basic` and `sequential` give bit-identical scales (both calibrate with quantization
   disabled, so every layer sees BF16 inputs); sequential took 3.0x as long as basic (541 s vs 182 s, loaded machine).
-  Sequential onloads one layer at a time, which is what lets a model larger than the accelerator calibrate, so `auto`
-  picks basic only when the weights fit comfortably.
+  `auto` picks basic: kvcal's placement onloads a model larger than its accelerators layer by layer (choose_pipeline).
 - Observer: scale * 448 / true max|x| over the same tokens was 0.997-1.000 for `static_minmax` (only the bf16 rounding
   of the saved scale), but down to 0.83 (K) / 0.52 (V) for `minmax` (a moving average) and 0.81 / 0.51 for `mse`:
   both clip values the calibration set itself contains. Default: static-minmax.
@@ -29,9 +28,6 @@ from kvcal.calibrator.data import Sample
 from kvcal.calibrator.taps import attention_layers, layer_index
 
 log = logging.getLogger(__name__)
-
-# Share of the device memory the BF16 weights may take for `auto` to pick the basic pipeline (activations need room).
-BASIC_MEMORY_SHARE = 0.6
 
 
 def kv_cache_scheme(strategy: str, observer: str) -> dict[str, Any]:
@@ -132,18 +128,12 @@ def check_query_scales(q_scales: Sequence[torch.Tensor], absmax: dict[int, float
             raise RuntimeError(f"layer {layer}: q_scale {max(values):.6g}, but max|Q|/448 is {want:.6g}")
 
 
-def choose_pipeline(requested: str, weight_bytes: int, device_bytes: int) -> str:
-    if requested != "auto":
-        return requested
-    return "basic" if weight_bytes <= BASIC_MEMORY_SHARE * device_bytes else "sequential"
-
-
-def device_memory_bytes() -> int:
-    if torch.cuda.is_available():
-        return int(torch.cuda.get_device_properties(0).total_memory)
-    import os
-
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+def choose_pipeline(requested: str) -> str:
+    """auto: basic. The placement (calibrator/placement.py) already onloads a model larger than its accelerators
+    layer by layer, in kvcal's own forward pass too; llm-compressor's sequential pipeline, which onloads each layer
+    once for all samples, stays a choice (`pipeline: sequential`): it runs its observers 3x slower here, and its
+    untying of tied embeddings fails on weights offloaded to disk (compressed-tensors 0.19 DiskCache KeyError)."""
+    return "basic" if requested == "auto" else requested
 
 
 def run_oneshot(
@@ -200,11 +190,11 @@ def read_scales(model: nn.Module) -> dict[str, list[torch.Tensor]]:
             p = getattr(attn, f"{kind}_scale", None)
             if p is None:
                 raise RuntimeError(f"layer {attn.layer_idx}: llm-compressor produced no {kind}_scale")
-            out[kind].append(p.detach().to(torch.float32).clone())
+            out[kind].append(p.detach().to("cpu", torch.float32).clone())
     return out
 
 
 def read_query_scales(model: nn.Module) -> list[torch.Tensor]:
     """Per layer, q_scale as float32 (empty when Q was not calibrated)."""
     found = [getattr(attn, "q_scale", None) for attn in attention_layers(model)]
-    return [p.detach().to(torch.float32).clone() for p in found if p is not None]
+    return [p.detach().to("cpu", torch.float32).clone() for p in found if p is not None]

@@ -121,6 +121,34 @@ class Provenance(Model):
     kv_heads: int
     head_dim: int
     versions: dict[str, str]
+    model_revision: str | None = Field(default=None, description="spec.model.revision / the config's modelRevision")
+    artifact_hash: str | None = Field(
+        default=None,
+        description="sha256 of the calibrated checkpoint's *.safetensors and config.json as written: `kvcal verify` "
+        "recomputes it and refuses a checkpoint changed in place",
+    )
+
+
+class DeviceReport(Model):
+    """Where the calibration computed (calibrator/placement.py) and what it cost there."""
+
+    placement: Literal["cpu", "one-device", "several-devices", "layer-by-layer"]
+    devices: list[str]
+    dtype: str
+    peak_device_memory_bytes: int | None = Field(default=None, description="Largest peak on any accelerator used")
+    host_weight_bytes: int = Field(default=0, description="Weights onloaded from host memory per forward pass")
+    disk_weight_bytes: int = Field(default=0, description="Weights onloaded from local disk per forward pass")
+    calibration_tokens_per_second: float
+    why: str = ""
+
+    def summary_fields(self) -> dict[str, object]:
+        return {
+            "device": ",".join(self.devices),
+            "placement": self.placement,
+            "dtype": self.dtype,
+            "peak_device_memory_bytes": self.peak_device_memory_bytes,
+            "tokens_per_second": self.calibration_tokens_per_second,
+        }
 
 
 class Summary(Model):
@@ -143,6 +171,13 @@ class Summary(Model):
     context_warning: str | None = None
     sensitive_layers: list[int] = Field(default=[], description="Layers of sensitive_layers, for protectedLayers")
     q_scale_max: float | None = Field(default=None, description="Largest q_scale, when Q was calibrated")
+    model_hash: str | None = Field(default=None, description="sha256 of the BF16 weights read (provenance.modelHash)")
+    model_revision: str | None = None
+    device: str | None = Field(default=None, description="The devices that computed, e.g. cuda:0 or cpu")
+    placement: str | None = None
+    dtype: str | None = None
+    peak_device_memory_bytes: int | None = None
+    tokens_per_second: float | None = Field(default=None, description="Calibration pass tokens per second")
     report_version: int = REPORT_VERSION
 
 
@@ -160,6 +195,7 @@ class Report(Model):
     sensitive_layers: list[SensitiveLayer]
     timings_seconds: dict[str, float]
     summary: Summary
+    device: DeviceReport | None = None
 
 
 def finite(x: float, cap: float = 1e9) -> float:
@@ -246,6 +282,25 @@ def coverage_line(report: Report) -> str:
     return f"{head}\n\n**Warning:** {c.warning}" if c.warning else head
 
 
+def device_line(device: DeviceReport) -> str:
+    """device: where it computed, the dtype, the peak accelerator memory and the calibration pass's rate."""
+    peak = (
+        f", peak device memory {device.peak_device_memory_bytes / (1 << 30):.2f} GiB"
+        if device.peak_device_memory_bytes is not None
+        else ""
+    )
+    onload = ""
+    if device.host_weight_bytes or device.disk_weight_bytes:
+        onload = (
+            f", {device.host_weight_bytes / (1 << 30):.1f} GiB of weights onloaded from host memory and "
+            f"{device.disk_weight_bytes / (1 << 30):.1f} GiB from disk per pass"
+        )
+    return (
+        f"device: {','.join(device.devices)} ({device.placement}: {device.why}), {device.dtype}{peak}{onload}; "
+        f"calibration pass {device.calibration_tokens_per_second:,.0f} tokens/s."
+    )
+
+
 def markdown(report: Report) -> str:
     p, s = report.provenance, report.summary
     out = [
@@ -258,7 +313,7 @@ def markdown(report: Report) -> str:
         f"Calibration: {p.samples} samples, {p.tokens} tokens (max {p.max_seq_length}; {p.truncated_samples} samples "
         f"truncated, {p.truncated_tokens} tokens dropped). Holdout: {p.holdout_samples} samples, {p.holdout_tokens} "
         f"tokens. Seed {p.seed}.",
-        "",
+        *([device_line(report.device), ""] if report.device else [""]),
         "## Held-out comparison (K/V quantize-dequantized as vLLM stores them, "
         f"rounding: {report.end_to_end.rounding})",
         "",

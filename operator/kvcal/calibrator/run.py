@@ -3,6 +3,7 @@
 import hashlib
 import logging
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,16 +21,25 @@ from kvcal.calibrator.attention import model_attention
 from kvcal.calibrator.config import CalibrationConfig
 from kvcal.calibrator.coverage import LengthCoverage, length_coverage
 from kvcal.calibrator.evaluate import HoldoutResult, ScaleSet, evaluate_holdout, per_head_scales, per_tensor_scales
+from kvcal.calibrator.placement import (
+    DTYPE,
+    Placement,
+    check_deadline,
+    estimate_work,
+    host_memory_bytes,
+    load_model,
+    measure_flops_per_second,
+    peak_device_memory,
+    plan_placement,
+    reset_peak_memory,
+    visible_accelerators,
+    working_bytes,
+)
 from kvcal.calibrator.preflight import InputError, ModelInfo, check_lengths, check_output, inspect_model
 from kvcal.calibrator.preflight import prepare_output as _prepare_output
-from kvcal.calibrator.recipe import (
-    choose_pipeline,
-    device_memory_bytes,
-    read_query_scales,
-    read_scales,
-    run_oneshot,
-)
+from kvcal.calibrator.recipe import choose_pipeline, read_query_scales, read_scales, run_oneshot
 from kvcal.calibrator.taps import KINDS, Tap, TensorStats, attach, detach
+from kvcal.verify.digest import sha256_files, weights_digest
 
 log = logging.getLogger(__name__)
 VERSIONED = ("torch", "transformers", "llmcompressor", "compressed-tensors", "kvcal")
@@ -66,16 +76,6 @@ class Timer:
             yield
         finally:
             self.seconds[name] = time.perf_counter() - t
-
-
-def sha256_files(paths: list[Path]) -> str:
-    h = hashlib.sha256()
-    for p in sorted(paths):
-        h.update(p.name.encode())
-        with p.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
 
 
 Parsed = tuple[list[D.Record], list[D.Record] | None]  # calibration records, separate holdout records
@@ -315,28 +315,73 @@ def calibrate_oneshot(
     return read_scales(model), read_query_scales(model)
 
 
-def calibrate(config: CalibrationConfig) -> R.Report:
-    """Run the whole calibration; returns the report (its `.summary` is the termination message)."""
+def place(config: CalibrationConfig, info: ModelInfo, plan: DataPlan, started: float) -> Placement:
+    """Where the model computes, and whether it fits the pod's memory and the Job's deadline, before it loads."""
+    accelerators = [] if config.device == "cpu" else visible_accelerators()
+    placement = plan_placement(
+        config.device, info, working_bytes(info, config.max_seq_length), accelerators, host_memory_bytes()
+    )
+    log.info("placement: %s (%s)", placement.describe(), placement.why)
+    if config.deadline_seconds is not None:
+        rate = measure_flops_per_second(placement.execution_device)
+        estimate = estimate_work(
+            info,
+            [len(s.input_ids) for s in plan.calibration],
+            [len(s.input_ids) for s in plan.holdout],
+            placement,
+            rate,
+            layerwise_calibration=choose_pipeline(config.pipeline) == "sequential",
+        )
+        log.info("estimated %.0f s of work at %.3g FLOP/s measured", estimate.seconds, rate)
+        check_deadline(estimate, config.deadline_seconds, time.perf_counter() - started, placement.describe())
+    return placement
+
+
+def calibrate(config: CalibrationConfig, placement: Placement | None = None) -> R.Report:
+    """Run the whole calibration; returns the report (its `.summary` is the termination message).
+    `placement`: where the model computes, instead of planning it from the visible devices (tests)."""
     started = time.perf_counter()
     timer = Timer()
     with timer.step("preflight"):
         info, tokenizer, plan = preflight(config)
+        placement = placement or place(config, info, plan, started)
     _prepare_output(config)
-    pipeline = choose_pipeline(config.pipeline, info.weight_bytes, device_memory_bytes())
+    pipeline = choose_pipeline(config.pipeline)
     oneshot_reason = F.needs_oneshot(config, pipeline)
     with timer.step("import transformers" + (" and llm-compressor" if oneshot_reason else "")):
         if oneshot_reason:
             import llmcompressor  # noqa: F401
-        from transformers import AutoModelForCausalLM
-    with timer.step("load model"):
-        model = AutoModelForCausalLM.from_pretrained(config.model_dir, dtype=torch.bfloat16)
-        model.eval()  # type: ignore[no-untyped-call]
+        import transformers  # noqa: F401
+    offload_dir = Path(tempfile.mkdtemp(prefix="kvcal-offload-"))  # weights beyond host memory, layer by layer
+    try:
+        with timer.step("load model"):
+            model = load_model(config.model_dir, placement, offload_dir)
+        return _calibrate_loaded(
+            config, info, tokenizer, plan, placement, model, pipeline, oneshot_reason, timer, started
+        )
+    finally:
+        shutil.rmtree(offload_dir, ignore_errors=True)
+
+
+def _calibrate_loaded(
+    config: CalibrationConfig,
+    info: ModelInfo,
+    tokenizer: Any,
+    plan: DataPlan,
+    placement: Placement,
+    model: torch.nn.Module,
+    pipeline: str,
+    oneshot_reason: str | None,
+    timer: Timer,
+    started: float,
+) -> R.Report:
+    reset_peak_memory(placement)
     calib_tap = Tap(info.kv_heads)
+    calibration_step = ONESHOT_STEP if oneshot_reason else FORWARD_STEP
     if oneshot_reason:
         log.info("calibrating with llm-compressor's oneshot: %s", oneshot_reason)
         saved, query_scales = calibrate_oneshot(model, config, plan, pipeline, calib_tap, timer)
-        with timer.step("save checkpoint"):
-            save_checkpoint(model, config)
+        calib_tap.to_cpu()
     else:
         with timer.step(FORWARD_STEP):
             handles = attach(model, calib_tap)
@@ -344,10 +389,12 @@ def calibrate(config: CalibrationConfig) -> R.Report:
                 F.observe(model, plan.calibration)
             finally:
                 detach(handles)
+            calib_tap.to_cpu()
             saved, query_scales = F.static_minmax(calib_tap.observed, info.layers, config.strategy), []
             F.apply_scales(model, config, saved)
-        with timer.step("save checkpoint"):
-            save_checkpoint(model, config, F.save)
+    with timer.step("save checkpoint"):
+        save_checkpoint(model, config, F.save if not oneshot_reason else save_with_llmcompressor)
+        artifact_hash = weights_digest(config.out)
     derived_tensor = per_tensor_scales(calib_tap.observed, info.layers)
     derived_head = per_head_scales(calib_tap.observed, info.layers)
     saved_view = {k: [s.view(-1, 1, 1) if s.numel() > 1 else s.view(1) for s in v] for k, v in saved.items()}
@@ -360,12 +407,25 @@ def calibrate(config: CalibrationConfig) -> R.Report:
             heads=info.kv_heads,
             rounding=config.rounding,
         )
+    cal_tokens = sum(len(s.input_ids) for s in plan.calibration)
+    device = R.DeviceReport(
+        placement=placement.path,
+        devices=list(placement.devices),
+        dtype=DTYPE,
+        peak_device_memory_bytes=peak_device_memory(placement),
+        host_weight_bytes=placement.host_weight_bytes,
+        disk_weight_bytes=placement.disk_weight_bytes,
+        calibration_tokens_per_second=round(cal_tokens / max(timer.seconds[calibration_step], 1e-9), 1),
+        why=placement.why,
+    )
     with timer.step("report"):
         by = f"llm-compressor oneshot ({oneshot_reason})" if oneshot_reason else F.CALIBRATED_BY
         report = assemble(config, info, tokenizer, plan, pipeline, by, calib_tap, result, saved, timer, started)
+        provenance = report.provenance.model_copy(update={"artifact_hash": artifact_hash})
+        summary = report.summary.model_copy(update=device.summary_fields())
         if query_scales:
-            q_max = max(float(scale.max()) for scale in query_scales)
-            report = report.model_copy(update={"summary": report.summary.model_copy(update={"q_scale_max": q_max})})
+            summary = summary.model_copy(update={"q_scale_max": max(float(scale.max()) for scale in query_scales)})
+        report = report.model_copy(update={"provenance": provenance, "summary": summary, "device": device})
         R.write_json(report, config.out)
         (config.out / "report.md").write_text(R.markdown(report), encoding="utf-8")
         if config.plots:
@@ -399,9 +459,8 @@ def assemble(
     every = [*plan.calibration, *plan.holdout]
     provenance = R.Provenance(
         model_dir=str(config.model_dir),
-        model_hash=sha256_files(
-            [f for f in config.model_dir.iterdir() if f.suffix == ".safetensors" or f.name == "config.json"]
-        ),
+        model_hash=weights_digest(config.model_dir),
+        model_revision=config.model_revision,
         tokenizer_hash=sha256_files(
             [config.model_dir / f for f in TOKENIZER_FILES if (config.model_dir / f).is_file()]
         ),
@@ -448,6 +507,8 @@ def assemble(
         served_context_tokens=lengths.served_context_tokens,
         context_warning=lengths.warning,
         sensitive_layers=sorted({row.layer for row in sensitive}),
+        model_hash=provenance.model_hash,
+        model_revision=config.model_revision,
     )
     return R.Report(
         provenance=provenance,

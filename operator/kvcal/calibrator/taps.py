@@ -33,11 +33,17 @@ class TensorStats:
         self.hist = torch.zeros(self.heads * NBINS, dtype=torch.int64)
 
     def observe(self, x: torch.Tensor) -> None:
+        if self.absmax.device != x.device:  # accumulate where the layer computes: no host sync per call
+            self.absmax, self.hist = self.absmax.to(x.device), self.hist.to(x.device)
         a = x.detach().abs().to(torch.float32).transpose(0, 1).reshape(self.heads, -1)  # (heads, values)
         self.absmax = torch.maximum(self.absmax, a.amax(dim=1))
         b = ((torch.log2(a.clamp(min=2.0**_LOW_OCTAVE)) - _LOW_OCTAVE) * _BINS_PER_OCTAVE).floor().long()
-        b = b.clamp_(0, NBINS - 1) + (torch.arange(self.heads) * NBINS).unsqueeze(1)
+        b = b.clamp_(0, NBINS - 1) + (torch.arange(self.heads, device=x.device) * NBINS).unsqueeze(1)
         self.hist += torch.bincount(b.flatten(), minlength=self.heads * NBINS)
+
+    def to_cpu(self) -> "TensorStats":
+        self.absmax, self.hist = self.absmax.cpu(), self.hist.cpu()
+        return self
 
     def percentile(self, q: float) -> torch.Tensor:
         """Per-head q-quantile of |x| (upper edge of the histogram bin; never above the exact max)."""
@@ -67,18 +73,35 @@ class Tap:
     observed: dict[tuple[int, str], TensorStats] = field(default_factory=dict)
     errors: dict[tuple[str, int, str], ErrorStats] = field(default_factory=dict)
     kept: dict[tuple[int, str], list[torch.Tensor]] = field(default_factory=dict)
+    _copies: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
 
     def __call__(self, layer: int, kind: str, x: torch.Tensor) -> torch.Tensor | None:
         if self.stats:
             self.observed.setdefault((layer, kind), TensorStats(self.heads)).observe(x)
         for name, scales in self.score.items():
-            e = error_stats(x, scales[kind][layer], self.rounding)
-            self.errors.setdefault((name, layer, kind), ErrorStats.zeros(self.heads)).add(e)
+            e = error_stats(x, self._placed(scales[kind][layer], x.device), self.rounding)
+            self.errors.setdefault((name, layer, kind), ErrorStats.zeros(self.heads, x.device)).add(e)
         if self.keep:
             self.kept.setdefault((layer, kind), []).append(x.detach().clone())
         if self.replace is not None:
-            return quant_dequant(x, self.replace[kind][layer], self.rounding)
+            return quant_dequant(x, self._placed(self.replace[kind][layer], x.device), self.rounding)
         return None
+
+    def _placed(self, scale: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """The scale on the layer's device, copied there once (the scale sets are built on the CPU)."""
+        if scale.device == device:
+            return scale
+        key = (id(scale), str(device))
+        if key not in self._copies:
+            self._copies[key] = (scale, scale.to(device))  # the original kept alive so its id stays unique
+        return self._copies[key][1]
+
+    def to_cpu(self) -> None:
+        """Statistics back on the host, for the report (one transfer at the end, not one per layer and sample)."""
+        for stats in self.observed.values():
+            stats.to_cpu()
+        for errors in self.errors.values():
+            errors.to_cpu()
 
 
 def attention_layers(model: nn.Module) -> list[nn.Module]:

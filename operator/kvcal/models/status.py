@@ -76,6 +76,13 @@ CALIBRATION_SUMMARY_FIELDS = frozenset(
         "servedContextTokens",
         "contextWarning",
         "sensitiveLayers",
+        "modelHash",
+        "modelRevision",
+        "device",
+        "placement",
+        "dtype",
+        "peakDeviceMemoryBytes",
+        "tokensPerSecond",
     }
 )
 
@@ -99,6 +106,13 @@ class CalibrationStatus(Model):
     served_context_tokens: int | None = None
     context_warning: str | None = None  # the calibration stops far below the served context (calibrator's rule)
     sensitive_layers: list[int] | None = None  # the report's, for spec.serving.canary.protectedLayers.fromReport
+    model_hash: str | None = None  # sha256 of the BF16 weights the Job read
+    model_revision: str | None = None  # spec.model.revision, as the Job was given it
+    device: str | None = None  # e.g. cuda:0, cuda:0,cuda:1, cpu
+    placement: str | None = None  # cpu | one-device | several-devices | layer-by-layer
+    dtype: str | None = None
+    peak_device_memory_bytes: int | None = None
+    tokens_per_second: float | None = None  # the calibration pass's rate
     message: str | None = None
     calibrator_image: str | None = None  # provenance: the image that computed the scales (spec's or the default)
 
