@@ -166,7 +166,7 @@ def test_output_guard_cases() -> None:
     assert output_in_use(spec(calibration={"output": "pvc://models/smollm2/sub"}), served)
     assert output_in_use(spec(calibration={"output": "pvc://models"}), served)  # contains it
     assert output_in_use(spec(calibration={"output": "pvc://other/smollm2"}), served) is None
-    assert output_in_use(spec(calibration={"output": "s3://bucket/smollm2"}), served) is None
+    assert output_in_use(spec(calibration={"output": "hostpath:///models/smollm2"}), served) is None  # not the PVC
     host = promoted(spec(calibration={"output": "hostpath:///data/out"})).manifest
     assert output_in_use(spec(calibration={"output": "hostpath:///data/out/"}), host)
     assert output_in_use(spec(calibration={"output": "hostpath:///data/out2"}), host) is None

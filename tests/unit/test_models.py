@@ -6,6 +6,7 @@ Walks both: every model field is a CRD property and vice versa, with the same re
 
 import copy
 import enum
+import re
 import types
 import typing
 from pathlib import Path
@@ -17,7 +18,15 @@ import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
-from kvcal.models.spec import KVCalibrationSpec
+from kvcal.core.manifests.common import SCHEMES, locate
+from kvcal.models.spec import (
+    CHECKPOINT_PATTERN,
+    DATASET_PATTERN,
+    DATASET_SOURCE_MESSAGE,
+    MODEL_SOURCE_MESSAGE,
+    OUTPUT_MESSAGE,
+    KVCalibrationSpec,
+)
 from kvcal.models.status import MAX_HISTORY, MAX_MEASUREMENTS, KVCalibrationStatus
 
 REPO = Path(__file__).resolve().parents[2]
@@ -136,6 +145,61 @@ def test_example_parses_and_crd_defaults_match_model_defaults(path: Path) -> Non
     assert (doc["apiVersion"], doc["kind"]) == ("kvcal.dev/v1alpha1", "KVCalibration")
     spec = KVCalibrationSpec.model_validate(doc["spec"])
     assert apply_defaults(copy.deepcopy(doc["spec"]), ROOT["properties"]["spec"]) == spec.to_wire()
+
+
+# Every storage URI of a spec: (field, keys under spec, a directory?, its CRD pattern and message).
+STORAGE_URIS = (
+    ("spec.model.source", ("model", "source"), True, CHECKPOINT_PATTERN, MODEL_SOURCE_MESSAGE),
+    ("spec.calibration.dataset.source", ("calibration", "dataset", "source"), False, DATASET_PATTERN,
+     DATASET_SOURCE_MESSAGE),
+    ("spec.calibration.output", ("calibration", "output"), True, CHECKPOINT_PATTERN, OUTPUT_MESSAGE),
+)  # fmt: skip
+
+
+def _at(node: dict[str, Any], keys: tuple[str, ...], step: str = "") -> Any:
+    for key in keys:
+        node = node[step][key] if step else node[key]
+    return node
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_storage_uris_are_ones_the_operator_mounts(path: Path) -> None:
+    """An example must run as written: each source and output is a URI locate() turns into a volume the calibration
+    Job and vLLM mount (read from the raw YAML, so a scheme the model also refuses fails here with locate's word)."""
+    spec = yaml.safe_load(path.read_text())["spec"]
+    for field, keys, directory, _, _ in STORAGE_URIS:
+        uri = _at(spec, keys)
+        try:
+            location = locate(uri, field=field, directory=directory)
+        except ValueError as error:
+            pytest.fail(f"{path.name}: {error}")
+        assert location.volume and location.path.startswith(location.mount_path), f"{path.name}: {field} {uri!r}"
+
+
+@pytest.mark.parametrize("uri", ["s3://bucket/llama", "gs://bucket/llama", "https://hub/llama"])
+def test_locate_refuses_what_it_cannot_mount_naming_the_field_and_the_fix(uri: str) -> None:
+    with pytest.raises(ValueError, match=r"^spec\.model\.source: scheme .* not supported; use pvc://.*copy") as error:
+        locate(uri, field="spec.model.source")
+    assert uri in str(error.value)
+
+
+def test_the_crd_accepts_only_schemes_locate_mounts() -> None:
+    """One source of truth: every scheme in the CRD's storage patterns (and so the model's) is one of
+    kvcal.core.manifests.common.SCHEMES, and the model's patterns and messages are the CRD's."""
+    for field, keys, _, pattern, message in STORAGE_URIS:
+        (rule, *_) = _at(ROOT["properties"]["spec"], keys, "properties")["x-kubernetes-validations"]
+        assert rule["rule"] == f"self.matches('{pattern}')", field
+        assert rule["message"] == message and "s3://" in message, field
+        schemes = set(re.findall(r"([a-z0-9]+)://", pattern))
+        assert schemes and schemes <= set(SCHEMES), f"{field}: {schemes - set(SCHEMES)} is not mounted by locate()"
+        with pytest.raises(ValidationError, match=re.escape(message)):
+            KVCalibrationSpec.model_validate(_minimal_with(keys, "s3://bucket/a/b.jsonl"))
+
+
+def _minimal_with(keys: tuple[str, ...], uri: str) -> dict[str, Any]:
+    spec: dict[str, Any] = yaml.safe_load((REPO / "examples" / "minimal-per-tensor.yaml").read_text())["spec"]
+    _at(spec, keys[:-1])[keys[-1]] = uri
+    return spec
 
 
 def test_examples_cover_the_main_shapes() -> None:

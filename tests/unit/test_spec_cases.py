@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from kvcal.validate import problems_of
-from tests.integration.spec_cases import CASES, LEFT_TO_OTHERS, Case
+from tests.integration.spec_cases import CASES, LEFT_TO_OTHERS, REPO, Case
 from tests.unit.test_models_bounds import BOUNDS, SPEC_SCHEMA
 
 
@@ -27,6 +27,12 @@ def test_every_crd_constraint_and_cel_rule_has_an_invalid_row() -> None:
     assert len(constraints) >= 90
     assert not (constraints - LEFT_TO_OTHERS) - hit, "add rows to tests/integration/spec_cases.py"
     assert len(CASES) >= 60 and len({case.id for case in CASES}) == len(CASES)
+
+
+def test_operations_doc_quotes_the_tables_size() -> None:
+    """docs/operations.md says on how many objects the API server and `kvcal validate` are held to one verdict."""
+    text = " ".join((REPO / "docs" / "operations.md").read_text().split())
+    assert f"one verdict on {len(CASES)} objects" in text
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)

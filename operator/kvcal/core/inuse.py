@@ -4,8 +4,7 @@ The calibrator replaces its output folder (force: a retried pod must not trip ov
 that is, contains or sits inside the folder the baseline's vLLM loads would rewrite a live model under running pods;
 after a promotion the baseline loads exactly the previous output. The served folder is the container's model path
 (`--model PATH` or `vllm serve PATH`) resolved through its volumeMounts to a hostPath directory or a place in a PVC;
-siblings on the same volume (a models PVC holding the base model and the outputs) are fine. An s3:// output is
-uploaded, never mounted, so it cannot be checked.
+siblings on the same volume (a models PVC holding the base model and the outputs) are fine.
 """
 
 import posixpath
@@ -64,7 +63,7 @@ def output_in_use(spec: KVCalibrationSpec, baseline: Manifest | None) -> str | N
         served = served_location(baseline, spec.serving.baseline.container)
     except (ValueError, LookupError):
         return None  # an invalid output or container is reported where it is used (InvalidSpec, BaselineUnusable)
-    if served is None or output.volume is None or output.mount_path is None:
+    if served is None:
         return None
     volume, inside = served
     if "hostPath" in volume and "hostPath" in output.volume:

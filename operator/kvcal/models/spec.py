@@ -15,12 +15,25 @@ from kvcal.models.base import Model
 DURATION_PATTERN = r"^([0-9]+h)?([0-9]+m)?([0-9]+s)?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 DNS_LABEL_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-CHECKPOINT_PATTERN = (
-    r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?|s3://[a-z0-9][-a-z0-9.]*[a-z0-9](/.*)?|hostpath:///.+)$"
-)
+# Storage URIs: only schemes kvcal mounts into its pods (kvcal.core.manifests.common.SCHEMES); no object stores.
+CHECKPOINT_PATTERN = r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?|hostpath:///.+)$"
 DATASET_PATTERN = (
     r"^(configmap://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[-._a-zA-Z0-9]+|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/.+"
-    r"|s3://[a-z0-9][-a-z0-9.]*[a-z0-9]/.+|hostpath:///.+)$"
+    r"|hostpath:///.+)$"
+)
+# The CRD's messages for those patterns, word for word: the field, the forms accepted and the fix.
+NO_OBJECT_STORES = "object stores (s3://) are not supported"
+MODEL_SOURCE_MESSAGE = (
+    f"spec.model.source must be pvc://CLAIM/PATH or hostpath:///ABS/PATH; {NO_OBJECT_STORES}: copy the checkpoint "
+    "to a PVC"
+)
+DATASET_SOURCE_MESSAGE = (
+    "spec.calibration.dataset.source must be configmap://NAME/KEY, pvc://CLAIM/PATH or hostpath:///ABS/PATH (a "
+    f"file, not a directory); {NO_OBJECT_STORES}: copy the file to a PVC or a ConfigMap"
+)
+OUTPUT_MESSAGE = (
+    f"spec.calibration.output must be pvc://CLAIM/PATH or hostpath:///ABS/PATH; {NO_OBJECT_STORES}: write to a "
+    "PVC and copy it to the object store from there"
 )
 PROMETHEUS_URL_PATTERN = r"^https?://[^\s/]+(/\S*)?$"
 ATTENTION_BACKEND_PATTERN = r"^[A-Z][A-Z0-9_]*$"
@@ -50,6 +63,13 @@ def path_segments(location: str) -> list[str]:
     return [segment for segment in location.split("/") if segment not in ("", ".")]
 
 
+def storage_uri(value: Any, pattern: str, message: str) -> Any:
+    """The CRD's `self.matches(PATTERN)` with its message: pydantic's own would quote the regex, not the fix."""
+    if isinstance(value, str) and re.fullmatch(pattern, value) is None:
+        raise ValueError(message)
+    return value
+
+
 def no_parent_segments(location: str, field: str) -> str:
     """The CRD's `!self.split('/').exists(s, s == '..')`: a `..` segment is refused, a name like `a..b` is not."""
     if ".." in location.split("/"):
@@ -73,11 +93,21 @@ class ModelRef(SpecModel):
     source: str = Field(
         max_length=1024,
         pattern=CHECKPOINT_PATTERN,
-        description="Where the BF16 checkpoint lives: pvc://CLAIM/PATH, hostpath:///PATH or s3://",
+        description="Where the BF16 checkpoint lives: pvc://CLAIM/PATH or hostpath:///ABS/PATH (no s3://)",
     )
     revision: str | None = Field(
-        default=None, max_length=256, description="Revision (commit sha or tag) of the checkpoint"
+        default=None,
+        max_length=256,
+        description=(
+            "Revision (commit sha or tag) of the checkpoint, recorded in the calibration report's provenance and in "
+            "status.calibration beside the weights' sha256"
+        ),
     )
+
+    @field_validator("source", mode="before")
+    @classmethod
+    def _supported_scheme(cls, source: Any) -> Any:
+        return storage_uri(source, CHECKPOINT_PATTERN, MODEL_SOURCE_MESSAGE)
 
     @field_validator("source")
     @classmethod
@@ -89,9 +119,14 @@ class Dataset(SpecModel):
     source: str = Field(
         max_length=1024,
         pattern=DATASET_PATTERN,
-        description="configmap://NAME/KEY, pvc://CLAIM/PATH or s3://BUCKET/KEY of a JSONL file",
+        description="configmap://NAME/KEY, pvc://CLAIM/PATH or hostpath:///ABS/PATH of a JSONL file",
     )
     format: Literal["chat", "text"] = "chat"
+
+    @field_validator("source", mode="before")
+    @classmethod
+    def _supported_scheme(cls, source: Any) -> Any:
+        return storage_uri(source, DATASET_PATTERN, DATASET_SOURCE_MESSAGE)
 
     @field_validator("source")
     @classmethod
@@ -142,6 +177,11 @@ class CalibrationSpec(SpecModel):
             raise ValueError("spec.calibration.holdoutFraction must be in (0, 0.5], e.g. 0.1")
         return fraction
 
+    @field_validator("output", mode="before")
+    @classmethod
+    def _supported_scheme(cls, output: Any) -> Any:
+        return storage_uri(output, CHECKPOINT_PATTERN, OUTPUT_MESSAGE)
+
     @field_validator("output")
     @classmethod
     def _no_parent_segments(cls, output: str) -> str:
@@ -172,9 +212,25 @@ class ProtectedLayers(SpecModel):
 
 
 class CanarySpec(SpecModel):
-    replicas: int = Field(default=1, ge=1, le=100)
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=100,
+        description=(
+            "Currently not used by any router: the canary's pod count follows from each traffic step and the "
+            "baseline's pod count. Kept for the minimum canary pod count planned for weight-based routers"
+        ),
+    )
     kv_cache_dtype: Literal["fp8", "fp8_e4m3"] = "fp8_e4m3"
-    attention_backend: str | None = Field(default=None, max_length=64, pattern=ATTENTION_BACKEND_PATTERN)
+    attention_backend: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=ATTENTION_BACKEND_PATTERN,
+        description=(
+            "vLLM attention backend, e.g. FLASH_ATTN, passed as --attention-backend (replacing any the baseline "
+            "sets) to the canary, the verification Job and the promoted baseline"
+        ),
+    )
     protected_layers: ProtectedLayers = ProtectedLayers()
     extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(default=[], max_length=64)
 

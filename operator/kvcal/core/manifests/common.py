@@ -126,28 +126,37 @@ def _volume_name(prefix: str, key: str) -> str:
     return _short(f"kvcal-{prefix}-{cleaned}", 63)
 
 
+# The storage URI schemes locate() mounts into the Jobs and vLLM pods; nothing fetches anything else (no s3://).
+SCHEMES = ("pvc", "hostpath", "configmap")
+_SCHEMES_HINT = "pvc://CLAIM/PATH, hostpath:///ABS/PATH or configmap://NAME/KEY"
+
+
 @dataclass(frozen=True)
 class Location:
-    """Where a storage URI appears inside a container: the volume to add (None for s3://) and the path to pass."""
+    """Where a storage URI appears inside a container: the volume to add and the path to pass."""
 
     uri: str
     path: str
-    volume: Manifest | None
-    mount_path: str | None
+    volume: Manifest
+    mount_path: str
     sub_path: str = ""  # the folder or file inside the volume ('' = the whole volume)
 
 
 def locate(uri: str, *, field: str, directory: bool = True, writable: bool = False) -> Location:
-    """Map pvc://CLAIM/PATH, hostpath:///PATH, configmap://NAME/KEY or s3://BUCKET/KEY to a volume and a path.
+    """Map pvc://CLAIM/PATH, hostpath:///PATH or configmap://NAME/KEY (SCHEMES) to a volume and a path.
 
     Each volume is mounted under /kvcal/<kind>/...; a file on a hostPath mounts its parent directory. Paths are
-    cleaned first (clean_path): the policy checks and the mounts see the same folder.
+    cleaned first (clean_path): the policy checks and the mounts see the same folder. Any other scheme is refused:
+    the pods read only what is mounted, so an object store (s3://) would reach no one.
     """
     scheme, sep, rest = uri.partition("://")
     if not sep:
-        raise ValueError(f"{field}: {uri!r} has no scheme; use pvc://CLAIM/PATH, hostpath:///PATH or configmap://")
-    if scheme == "s3":
-        return Location(uri, uri, None, None)
+        raise ValueError(f"{field}: {uri!r} has no scheme; use {_SCHEMES_HINT}")
+    if scheme not in SCHEMES:
+        raise ValueError(
+            f"{field}: scheme {scheme}:// of {uri!r} is not supported; use {_SCHEMES_HINT}: kvcal mounts volumes and "
+            "fetches nothing, so copy the files from an object store (s3://) to a PVC first"
+        )
     if scheme == "pvc":
         claim, _, raw_sub = rest.partition("/")
         if not claim:
@@ -169,15 +178,13 @@ def locate(uri: str, *, field: str, directory: bool = True, writable: bool = Fal
         volume = {"name": _volume_name("host", digest), "hostPath": host_path}
         path = mount if directory else posixpath.join(mount, posixpath.basename(rest))
         return Location(uri, path, volume, mount)
-    if scheme == "configmap":
-        name, _, key = rest.partition("/")
-        if not name or not key:
-            raise ValueError(f"{field}: {uri!r} must be configmap://NAME/KEY")
-        key = clean_path(key, field=field)
-        mount = f"/kvcal/configmap/{name}"
-        volume = {"name": _volume_name("cm", name), "configMap": {"name": name}}
-        return Location(uri, posixpath.join(mount, key), volume, mount)
-    raise ValueError(f"{field}: unknown scheme {scheme!r} in {uri!r}; use pvc://, hostpath://, configmap:// or s3://")
+    name, _, key = rest.partition("/")  # configmap://
+    if not name or not key:
+        raise ValueError(f"{field}: {uri!r} must be configmap://NAME/KEY")
+    key = clean_path(key, field=field)
+    mount = f"/kvcal/configmap/{name}"
+    volume = {"name": _volume_name("cm", name), "configMap": {"name": name}}
+    return Location(uri, posixpath.join(mount, key), volume, mount)
 
 
 def volumes_and_mounts(locations: list[tuple[Location, bool]]) -> tuple[list[Manifest], list[Manifest]]:
@@ -190,8 +197,6 @@ def volumes_and_mounts(locations: list[tuple[Location, bool]]) -> tuple[list[Man
     volumes: dict[str, Manifest] = {}
     uses: dict[str, list[tuple[Location, bool]]] = {}
     for loc, writable in locations:
-        if loc.volume is None or loc.mount_path is None:
-            continue
         volumes[loc.volume["name"]] = loc.volume
         uses.setdefault(loc.volume["name"], []).append((loc, writable))
     mounts: dict[str, Manifest] = {}  # by mountPath
