@@ -154,7 +154,10 @@ def test_new_vllm_image_after_promotion_is_reverified(world: World, tmp_path: Pa
         )
 
     job = wait_for(reverify_job, 60, "a verification Job in the new vLLM image")
-    assert job["spec"]["template"]["spec"]["containers"][0]["command"][:2] == ["kvcal", "verify"]
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"][:2] == [
+        "python3",
+        "/kvcal-verifier/kvcal-verifier.pyz",
+    ]  # the verifier bundle, in the new image as it is
 
     def verified() -> dict[str, Any] | None:
         obj = w.kvcal(name)

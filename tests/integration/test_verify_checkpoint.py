@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from kvcal.verify import static
+from kvcal.verify.digest import weights_digest
 from kvcal.verify.tensors import encode, read_raw, write_safetensors
 
 pytestmark = pytest.mark.model
@@ -40,7 +41,18 @@ def corrupt(src: Path, dst: Path, raw: Raw | None = None, config: dict[str, Any]
         (dst / "config.json").write_text(json.dumps(config))
     if report is not None:
         (dst / "kvcal-report.json").write_text(json.dumps(report))
+    rerecord_artifact_hash(dst)
     return dst
+
+
+def rerecord_artifact_hash(folder: Path) -> None:
+    """A corrupted copy stands for a checkpoint SAVED that way: its report records its own weights' hash, as the
+    calibrator does, so only the corruption under test is reported (test_changed_in_place covers the other case)."""
+    path = folder / static.REPORT_NAME
+    report = json.loads(path.read_text()) if path.is_file() else {}
+    if static.recorded_artifact_hash(report):
+        report["provenance"]["artifactHash"] = weights_digest(folder)
+        path.write_text(json.dumps(report))
 
 
 def test_calibrated_checkpoint_is_sound(demo_checkpoint: Path) -> None:
@@ -111,3 +123,21 @@ def test_scale_below_recorded_calibration_max(demo_checkpoint: Path, tmp_path: P
     assert [(p.code, p.layer, p.tensor) for p in result.problems] == [
         ("clipped", 3, "model.layers.3.self_attn.k_scale")
     ]
+
+
+def test_changed_in_place(demo_checkpoint: Path, checkpoint_raw: Raw, tmp_path: Path) -> None:
+    """The calibrator records the saved folder's weights_digest; the same folder with other weights (here one scale
+    1% higher: sound on its own) fails static verification, naming both hashes."""
+    src = Path(demo_checkpoint)
+    recorded = static.recorded_artifact_hash(json.loads((src / static.REPORT_NAME).read_text()))
+    assert recorded == weights_digest(src), "the calibrator records the saved checkpoint's weights_digest"
+    raw = dict(checkpoint_raw)
+    dtype, shape, _ = raw["model.layers.5.self_attn.k_scale"]
+    raw["model.layers.5.self_attn.k_scale"] = (dtype, shape, encode(dtype, [static.verify(src).scales[5].k[0] * 1.01]))
+    changed = tmp_path / "changed"
+    shutil.copytree(src, changed)
+    (weights,) = changed.glob("*.safetensors")
+    write_safetensors(weights, raw)  # rewritten at the same path, the report kept
+    (problem,) = static.verify(changed).problems
+    assert (problem.code, problem.tensor) == ("changed-in-place", static.REPORT_NAME)
+    assert recorded[:12] in problem.message and weights_digest(changed)[:12] in problem.message

@@ -4,7 +4,8 @@ The real kube-controller-manager runs: the Job controller creates Pods for our J
 Job conditions; the Deployment/ReplicaSet controllers create Pods and count the ready ones. No kubelet runs, so this
 harness does the kubelet's part for Pods in ONE namespace:
 
-- Pods of a Job: the container's command runs as a LOCAL process with the args and env the operator wrote. The Pod
+- Pods of a Job: the init containers run first, in order, on the same volumes (a failure fails the Pod), then the
+  container's command runs as a LOCAL process with the args and env the operator wrote. The Pod
   is marked Running, then Succeeded/Failed with `state.terminated` {exitCode, reason, message}; the message is the
   file at terminationMessagePath, or with FallbackToLogsOnError and an empty file on failure, the log tail (the
   kubelet's rule: last 80 lines, at most 2048 bytes). The Job controller then writes the Job's conditions.
@@ -401,10 +402,13 @@ class FakeKubelet:
         root: Path,
         extra_mounts: dict[str, Path] | None = None,
         node_env: dict[str, str] | None = None,
+        container: Manifest | None = None,
+        dirs: dict[str, Path] | None = None,
     ) -> tuple[list[str], dict[str, str]]:
-        """The first container's local argv and env: its volumes materialised under `root`, paths mapped."""
-        container = pod["spec"]["containers"][0]
-        dirs = self._volume_dirs(pod, root)
+        """A container's (default: the first's) local argv and env: the pod's volumes materialised under `root`
+        (or `dirs`, when an init container already did), paths mapped."""
+        container = container or pod["spec"]["containers"][0]
+        dirs = self._volume_dirs(pod, root) if dirs is None else dirs
         mounts = {m["mountPath"]: _sub_path(dirs[m["name"]], m) for m in container.get("volumeMounts") or []}
         paths = PathMap({**mounts, **(extra_mounts or {})})
         self._materialise_config_maps(pod, dirs, paths)
@@ -424,7 +428,8 @@ class FakeKubelet:
             argv[0] = sys.executable
         elif argv and argv[0] == "kvcal":
             argv[0] = str(Path(sys.executable).with_name("kvcal"))
-        if not self.verify_runtime and len(argv) > 1 and argv[1] == "verify" and "--runtime" in argv:
+        verifier = len(argv) > 1 and (argv[1] == "verify" or argv[1].endswith("kvcal-verifier.pyz"))
+        if not self.verify_runtime and verifier and "--runtime" in argv:
             argv.remove("--runtime")
         return argv
 
@@ -438,33 +443,60 @@ class FakeKubelet:
             termination = root / "termination-log"
             termination.touch()
             path = container.get("terminationMessagePath", "/dev/termination-log")
-            argv, env = self._prepare(pod, root, extra_mounts={path: termination})
-            record["argv"] = argv
-            log_path = root / "container.log"
+            dirs = self._volume_dirs(pod, root)
             deadline = pod["spec"].get("activeDeadlineSeconds")
-            cwd = root
-            if (container.get("securityContext") or {}).get("readOnlyRootFilesystem"):
-                cwd = root / "rootfs"  # the image's working directory, read-only: a write there fails as in the pod
-                cwd.mkdir(mode=0o555)
-            with log_path.open("wb") as out:
-                proc = subprocess.run(  # the Job's own command, as the kubelet would run it
-                    argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, timeout=deadline, check=False
-                )
-            code = proc.returncode
-            message = termination.read_text(errors="replace")[:MESSAGE_BYTES]
-            if (
-                not message.strip()
-                and code != 0
-                and container.get("terminationMessagePolicy") == "FallbackToLogsOnError"
-            ):
-                lines = log_path.read_bytes().splitlines()[-LOG_TAIL_LINES:]
-                message = b"\n".join(lines)[-LOG_TAIL_BYTES:].decode(errors="replace")
+            read_only_root = root / "rootfs"  # the image's working directory: a write there fails as in the pod
+            read_only_root.mkdir(mode=0o555)
+            code, message = 0, ""
+            for init in pod["spec"].get("initContainers") or []:  # in order; the first failure fails the pod
+                init_argv, init_env = self._prepare(pod, root, container=init, dirs=dirs)
+                record.setdefault("init_argv", []).append(init_argv)
+                init_log = root / f"init-{init['name']}.log"
+                with init_log.open("wb") as out:
+                    code = subprocess.run(
+                        init_argv, stdout=out, stderr=subprocess.STDOUT, env=init_env, cwd=read_only_root,
+                        timeout=deadline, check=False,
+                    ).returncode  # fmt: skip
+                if code != 0:
+                    tail = b"\n".join(init_log.read_bytes().splitlines()[-LOG_TAIL_LINES:])[-LOG_TAIL_BYTES:]
+                    message = f"init container {init['name']} exited {code}: {tail.decode(errors='replace')}"
+                    break
+            if code == 0:
+                code, message = self._run_container(pod, root, container, dirs, termination, path, deadline, record)
         except Exception as e:  # the harness itself could not start the container: a CreateContainerError
             code, message = 128, f"fake kubelet: {type(e).__name__}: {e}"
         record.update({"exit_code": code, "message": message})
         self._terminate(pod, code, message, started)
         if os.environ.get("KVCAL_KEEP_PODS") != "1" and code == 0:
             shutil.rmtree(root / "home", ignore_errors=True)
+
+    def _run_container(
+        self,
+        pod: Manifest,
+        root: Path,
+        container: Manifest,
+        dirs: dict[str, Path],
+        termination: Path,
+        termination_path: str,
+        deadline: int | None,
+        record: dict[str, Any],
+    ) -> tuple[int, str]:
+        argv, env = self._prepare(pod, root, extra_mounts={termination_path: termination}, dirs=dirs)
+        record["argv"] = argv
+        log_path = root / "container.log"
+        cwd = root
+        if (container.get("securityContext") or {}).get("readOnlyRootFilesystem"):
+            cwd = root / "rootfs"
+        with log_path.open("wb") as out:
+            proc = subprocess.run(  # the Job's own command, as the kubelet would run it
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, timeout=deadline, check=False
+            )
+        code = proc.returncode
+        message = termination.read_text(errors="replace")[:MESSAGE_BYTES]
+        if not message.strip() and code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            lines = log_path.read_bytes().splitlines()[-LOG_TAIL_LINES:]
+            message = b"\n".join(lines)[-LOG_TAIL_BYTES:].decode(errors="replace")
+        return code, message
 
     def _terminate(self, pod: Manifest, code: int, message: str, started: str) -> None:
         now = _now()

@@ -131,30 +131,45 @@ class PodRun:
 def run_job_pod(
     podman: Podman, job: dict[str, Any], volume_dirs: dict[str, Path], workdir: Path, timeout: float
 ) -> PodRun:
-    """Run the first container of a Job the operator built, in its image, as a kubelet would: its command, args and
-    env, its volumeMounts at their own paths (volume_dirs: volume name -> host folder for PVC and ConfigMap volumes;
-    emptyDir is a tmpfs), subPath, readOnly, the pod's runAsUser and the container's readOnlyRootFilesystem, and the
-    terminationMessagePath backed by a host file."""
+    """Run a Job the operator built, in its images, as a kubelet would: its init containers in order (a failure
+    ends the pod), then its first container. Each with its command, args and env, its volumeMounts at their own
+    paths (volume_dirs: volume name -> host folder for PVC and ConfigMap volumes; an emptyDir is a host folder the
+    pod's containers share, as in a pod), subPath, readOnly, the pod's runAsUser and the container's
+    readOnlyRootFilesystem, and the terminationMessagePath backed by a host file."""
     pod = job["spec"]["template"]["spec"]
-    (container,) = pod["containers"][:1]
-    volumes = {v["name"]: v for v in pod["volumes"]}
+    folders = dict(volume_dirs)
+    for volume in pod["volumes"]:
+        if "emptyDir" in volume:
+            folders[volume["name"]] = workdir / "emptydir" / volume["name"]
+            folders[volume["name"]].mkdir(parents=True)
+            folders[volume["name"]].chmod(0o777)  # fsGroup: the pod user's to write
     termination = workdir / "termination-log"
     termination.write_text("")
     termination.chmod(0o666)
+    for init in pod.get("initContainers") or []:
+        started = _start_container(podman, pod, init, folders, termination)
+        exit_code = started.wait(timeout)
+        if exit_code != 0:
+            return PodRun(exit_code, termination.read_text(), started.logs())
+        termination.write_text("")
+    started = _start_container(podman, pod, pod["containers"][0], folders, termination)
+    exit_code = started.wait(timeout)
+    return PodRun(exit_code, termination.read_text(), started.logs())
+
+
+def _start_container(
+    podman: Podman, pod: dict[str, Any], container: dict[str, Any], folders: dict[str, Path], termination: Path
+) -> Container:
     mounts: list[tuple[Path, str, str]] = [(termination, container["terminationMessagePath"], "rw")]
-    tmpfs: list[str] = []
     for mount in container.get("volumeMounts") or []:
-        if "emptyDir" in volumes[mount["name"]]:
-            tmpfs += ["--tmpfs", f"{mount['mountPath']}:rw,mode=1777"]
-            continue
-        host = volume_dirs[mount["name"]] / mount.get("subPath", "")
+        host = folders[mount["name"]] / mount.get("subPath", "")
         if not host.exists():  # kubelet creates a missing subPath; fsGroup makes it the pod user's to write
             host.mkdir(parents=True)
             host.chmod(0o777)
         mounts.append((host, mount["mountPath"], "ro" if mount.get("readOnly") else "rw"))
     security = container.get("securityContext") or {}
     user = pod.get("securityContext", {}).get("runAsUser", 65532)
-    started = podman.run(
+    return podman.run(
         container["image"],
         container.get("args") or [],
         entrypoint=container.get("command"),
@@ -163,7 +178,4 @@ def run_job_pod(
         read_only=bool(security.get("readOnlyRootFilesystem")),
         user=f"{user}:{user}",
         tmp=False,  # /tmp is whatever the pod mounts there
-        extra=tmpfs,
     )
-    exit_code = started.wait(timeout)
-    return PodRun(exit_code, termination.read_text(), started.logs())

@@ -22,6 +22,7 @@ from kvcal.core.manifests import (
     verification_job_name,
 )
 from kvcal.core.manifests.canary import fp8_container, fp8_pod_spec
+from kvcal.core.manifests.jobs import baseline_tensor_parallel_size
 from kvcal.core.spechash import spec_hash
 from tests.unit.test_decide_support import OWNER, baseline_manifest, baseline_service, spec
 
@@ -56,6 +57,15 @@ def _serve_style_baseline() -> dict[str, Any]:
     return b
 
 
+def _tensor_parallel_baseline() -> dict[str, Any]:
+    """A baseline serving on 4 GPUs (-tp 4), with its model's tag pinned by the user."""
+    b = baseline_manifest(1)
+    c = b["spec"]["template"]["spec"]["containers"][0]
+    c["args"] = [*c["args"], "-tp", "4"]
+    c["resources"] = {"limits": {"nvidia.com/gpu": "4"}}
+    return b
+
+
 CASES: dict[str, Any] = {
     "calibration-configmap": lambda: build_calibration_configmap(OWNER, SPEC, H),
     "calibration-job": lambda: build_calibration_job(OWNER, SPEC, H),
@@ -78,6 +88,13 @@ CASES: dict[str, Any] = {
         spec_hash(PROTECTED_SPEC),
         baseline_manifest()["spec"]["template"]["spec"]["containers"][0],
         baseline_manifest()["spec"]["template"]["spec"],
+    ),
+    "verification-job-tensor-parallel": lambda: build_verification_job(
+        OWNER,
+        SPEC,
+        H,
+        _tensor_parallel_baseline()["spec"]["template"]["spec"]["containers"][0],
+        _tensor_parallel_baseline()["spec"]["template"]["spec"],
     ),
     "calibration-configmap-query": lambda: build_calibration_configmap(
         OWNER, PROTECTED_SPEC, spec_hash(PROTECTED_SPEC)
@@ -118,7 +135,9 @@ def test_children_are_owned_and_labelled(name: str) -> None:
     assert meta["labels"]["kvcal.dev/calibration"] == OWNER.name
 
 
-@pytest.mark.parametrize("name", ["calibration-job", "calibration-job-hostpath", "verification-job"])
+@pytest.mark.parametrize(
+    "name", ["calibration-job", "calibration-job-hostpath", "verification-job", "verification-job-tensor-parallel"]
+)
 def test_jobs_run_as_non_root_and_report_through_the_termination_message(name: str) -> None:
     job = CASES[name]()
     pod = job["spec"]["template"]["spec"]
@@ -166,11 +185,57 @@ def test_model_stays_read_only_when_it_shares_the_output_claim() -> None:
     assert config["modelDir"] == model["mountPath"] and config["out"] == output["mountPath"]
 
 
-def test_verification_job_has_a_read_only_root_filesystem() -> None:
-    pod = CASES["verification-job"]()["spec"]["template"]["spec"]
-    assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+@pytest.mark.parametrize("name", ["verification-job", "verification-job-tensor-parallel"])
+def test_verification_job_has_a_read_only_root_filesystem(name: str) -> None:
+    """Both containers non-root with a read-only root: the init container writes only the bundle's emptyDir, the
+    verifier only /tmp (and /dev/shm, vLLM's shared memory between TP workers); the bundle is read-only to it."""
+    pod = CASES[name]()["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    (verifier,) = pod["containers"]
     scratch = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
-    assert {m["mountPath"] for m in pod["containers"][0]["volumeMounts"] if m["name"] in scratch} == {"/tmp"}
+    for container in (init, verifier):
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert [(m["mountPath"], m.get("readOnly", False)) for m in init["volumeMounts"]] == [("/kvcal-verifier", False)]
+    writable = {m["mountPath"] for m in verifier["volumeMounts"] if m["name"] in scratch and not m.get("readOnly")}
+    assert writable == ({"/tmp", "/dev/shm"} if name.endswith("parallel") else {"/tmp"})
+    assert {m["mountPath"] for m in verifier["volumeMounts"] if m.get("readOnly")} >= {"/kvcal-verifier"}
+
+
+def test_verification_runs_the_bundle_in_the_baseline_image_unchanged() -> None:
+    """Issue 21: a stock vllm/vllm-openai image verifies: the calibrator image writes the bundle, the baseline's
+    image runs it with its own python3, at the baseline's tensor-parallel size, the bundle on PYTHONPATH."""
+    pod = CASES["verification-job-tensor-parallel"]()["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    (verifier,) = pod["containers"]
+    assert init["image"] == SPEC.calibration.job.image == "ghcr.io/kvcal/calibrator:test"  # the calibration Job's
+    assert init["command"] == ["python", "-m", "kvcal.verify.bundle", "/kvcal-verifier"]
+    assert verifier["image"] == "vllm/vllm-openai:v0.32.0"
+    command = verifier["command"]
+    assert command[:3] == ["python3", "/kvcal-verifier/kvcal-verifier.pyz", "/kvcal/pvc/models/smollm2-fp8kv"]
+    assert command[command.index("--tensor-parallel-size") + 1] == "4"
+    assert {"name": "PYTHONPATH", "value": "/kvcal-verifier/kvcal-verifier.pyz"} in verifier["env"]
+    assert verifier["resources"] == {"limits": {"nvidia.com/gpu": "4"}}
+    single = CASES["verification-job"]()["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert single[single.index("--tensor-parallel-size") + 1] == "1"
+
+
+@pytest.mark.parametrize(
+    ("args", "size"),
+    [
+        ([], 1),
+        (["--tensor-parallel-size", "8"], 8),
+        (["--tensor-parallel-size=2"], 2),
+        (["--tensor_parallel_size", "2"], 2),  # vLLM reads _ as -
+        (["-tp", "4"], 4),
+        (["-tp4"], 4),  # argparse's attached short value
+        (["-tp", "2", "--tensor-parallel-size", "4"], 4),  # the last one wins
+        (["--pipeline-parallel-size", "2"], 1),
+        (["-tp", "two"], 1),  # vLLM refuses it: nothing is served at any size
+    ],
+)
+def test_baseline_tensor_parallel_size(args: list[str], size: int) -> None:
+    assert baseline_tensor_parallel_size({"command": ["vllm", "serve", "/models/m"], "args": args}) == size
 
 
 def test_names_are_deterministic_and_fit_a_label() -> None:

@@ -223,3 +223,32 @@ def test_cli_exit_codes_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
     args = parser.parse_args(["verify", str(tmp_path / "nowhere")])
     assert args.func(args) == 2
+
+
+def provenance_report(artifact_hash: str) -> dict[str, Any]:
+    """As kvcal.calibrator.report writes it: camelCase keys (the model's field is artifact_hash)."""
+    return {"kind": "KVCalibrationReport", "provenance": {"artifactHash": artifact_hash}}
+
+
+def test_checkpoint_changed_in_place_after_calibration(tmp_path: Path) -> None:
+    """The calibrator records weights_digest(output) in kvcal-report.json: other weights at the same path fail."""
+    from kvcal.verify.digest import weights_digest
+
+    folder = write(tmp_path, scales(), config())
+    recorded = weights_digest(folder)
+    (folder / static.REPORT_NAME).write_text(json.dumps(provenance_report(recorded)))
+    assert static.verify(folder).ok  # the report's own file is not part of the digest
+
+    raw = scales()
+    raw["model.embed_tokens.weight"] = ("BF16", (2, 2), encode("BF16", [0.5, 1.0, 1.5, 2.5]))
+    write_safetensors(folder / "model.safetensors", raw)  # the same path, other weights, the report kept
+    (problem,) = static.verify(folder).problems
+    now = weights_digest(folder)
+    assert (problem.code, problem.tensor) == ("changed-in-place", "kvcal-report.json")
+    assert f"sha256 {now[:12]}" in problem.message and f"recorded {recorded[:12]}" in problem.message
+
+
+@pytest.mark.parametrize("report", [None, {"provenance": {}}, {"provenance": {"artifactHash": None}}, {"layers": []}])
+def test_no_recorded_hash_checks_nothing(tmp_path: Path, report: dict[str, Any] | None) -> None:
+    """Checkpoints from calibrators that record no hash (or from elsewhere) verify as before."""
+    assert static.verify(write(tmp_path, scales(), config(), report)).ok

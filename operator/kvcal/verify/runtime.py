@@ -3,18 +3,21 @@ layer really uses, and compare them with the checkpoint's.
 
 vLLM logs nothing when scales are missing (it runs at 1.0), ignored, or collapsed from per-head to one value per
 layer (its CPU backend takes the max over heads), and it silently switches `--kv-cache-dtype auto` to fp8 when the
-checkpoint has a kv_cache_scheme. Reading the loaded modules is the only proof. `compare()` is pure; `read_back()`
-starts vLLM."""
+checkpoint has a kv_cache_scheme. Reading the loaded modules is the only proof. `compare()` and `compare_workers()`
+are pure; `read_back()` starts vLLM.
+
+With tensor parallelism every worker (TP rank) loads its own copy of the scales, per-head ones sliced to the KV heads
+it holds, so every worker's answer is compared with its share of the checkpoint (`rank_view`)."""
 
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from kvcal.verify.problems import Problem
-from kvcal.verify.static import BF16_REL_TOL, StaticResult
+from kvcal.verify.static import BF16_REL_TOL, LayerScales, StaticResult
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -188,7 +191,6 @@ def compare(
         row = by_layer.get(layer)
         if row is None:
             result.problems.append(Problem("runtime-absent", "no attention module for this layer in vLLM", layer))
-            result.mismatches += 1
             continue
         scales = checkpoint.scales.get(layer)
         layer_problems = [_check_protected(layer, row, layer in protected)] if protected else []
@@ -197,15 +199,105 @@ def compare(
                 expected = (scales.k if kind == "k" else scales.v) if scales else ()
                 layer_problems.append(_compare_one(layer, kind, expected, row))
         layer_problems.append(_compare_query(layer, scales.q if scales else (), row))
-        for problem in layer_problems:
-            if problem:
-                result.problems.append(problem)
-                result.mismatches += 1
+        result.problems += [problem for problem in layer_problems if problem]
+    result.mismatches = sum(_is_mismatch(p) for p in result.problems)
     result.notes += _query_notes(checkpoint, loaded)
     collapsed = [p for p in result.problems if p.code == "collapsed"]
     if collapsed:
         result.notes.append(f"{len(collapsed)} per-head scales collapsed to per-tensor by this attention backend")
     return result
+
+
+def _is_mismatch(problem: Problem) -> bool:
+    """A layer whose scales (or KV dtype) vLLM does not use as the checkpoint says; not a model-wide problem, nor a
+    protected layer that does not exist."""
+    return problem.layer is not None and problem.code != "protected-absent"
+
+
+def rank_heads(kv_heads: int, tensor_parallel_size: int, rank: int) -> range:
+    """The KV heads TP rank `rank` holds, as vLLM 0.32 shards them (QKVParallelLinear in
+    model_executor/layers/linear.py; the attn_head scale loader in compressed_tensors.py follows it): H >= t heads
+    are split evenly, rank r holding [r*H/t, (r+1)*H/t); fewer heads than ranks are replicated, rank r holding head
+    r // (t/H)."""
+    if tensor_parallel_size <= 1:
+        return range(kv_heads)
+    if kv_heads >= tensor_parallel_size:
+        per_rank = kv_heads // tensor_parallel_size
+        return range(rank * per_rank, (rank + 1) * per_rank)
+    head = rank // (tensor_parallel_size // kv_heads)
+    return range(head, head + 1)
+
+
+def _per_rank(values: tuple[float, ...], heads: range, kv_heads: int) -> tuple[float, ...]:
+    """A per-head scale sliced to the rank's heads; a single per-tensor scale is loaded whole by every rank."""
+    if kv_heads <= 1 or len(values) != kv_heads or heads.stop > kv_heads:  # (a TP size vLLM refuses to load)
+        return values
+    return tuple(values[head] for head in heads)
+
+
+def _query_per_rank(values: tuple[float, ...], heads: range, kv_heads: int) -> tuple[float, ...]:
+    """vLLM reduces per-head q_scale (one per query head) to one per KV head (the max over its query group), then
+    slices it as k_scale."""
+    if len(values) <= 1 or kv_heads < 1 or len(values) % kv_heads:
+        return values
+    group = len(values) // kv_heads
+    per_kv_head = tuple(max(values[head * group : (head + 1) * group]) for head in range(kv_heads))
+    return _per_rank(per_kv_head, heads, kv_heads)
+
+
+def rank_view(checkpoint: StaticResult, rank: int, tensor_parallel_size: int) -> StaticResult:
+    """The checkpoint's scales as TP rank `rank` loads them."""
+    if tensor_parallel_size <= 1:
+        return checkpoint
+    kv_heads = checkpoint.shape.kv_heads
+    heads = rank_heads(kv_heads, tensor_parallel_size, rank)
+    scales = {
+        layer: LayerScales(
+            _per_rank(s.k, heads, kv_heads), _per_rank(s.v, heads, kv_heads), _query_per_rank(s.q, heads, kv_heads)
+        )
+        for layer, s in checkpoint.scales.items()
+    }
+    return replace(checkpoint, scales=scales)
+
+
+def compare_workers(
+    checkpoint: StaticResult,
+    per_worker: Sequence[Sequence[LoadedScale]],
+    tensor_parallel_size: int = 1,
+    requested_dtype: str = "fp8",
+    protected_layers: Sequence[int] = (),
+) -> RuntimeResult:
+    """Every worker's read-back (apply_model's answers, in rank order) against that rank's share of the checkpoint.
+
+    A problem every worker has is reported once, as a single worker's would be; one that only some workers have is
+    reported per worker, named `worker R of T`."""
+    if not per_worker or (len(per_worker) == 1 and tensor_parallel_size <= 1):
+        rows = per_worker[0] if per_worker else []
+        return compare(rank_view(checkpoint, 0, tensor_parallel_size), rows, requested_dtype, protected_layers)
+    results = [
+        compare(rank_view(checkpoint, rank, tensor_parallel_size), rows, requested_dtype, protected_layers)
+        for rank, rows in enumerate(per_worker)
+    ]
+    workers = len(results)
+    merged = RuntimeResult(layers=checkpoint.shape.layers, loaded=[row for rows in per_worker for row in rows])
+    if workers != tensor_parallel_size:
+        why = f"vLLM answered from {workers} workers, expected {tensor_parallel_size} (the tensor-parallel size)"
+        merged.problems.append(Problem("workers", why))
+    found: dict[Problem, list[int]] = {}  # in the order first seen
+    for rank, result in enumerate(results):
+        for problem in result.problems:
+            found.setdefault(problem, []).append(rank)
+    for problem, ranks in found.items():
+        if len(ranks) == workers:
+            merged.problems.append(problem)
+        else:
+            merged.problems += [
+                replace(problem, message=f"worker {rank} of {workers}: {problem.message}") for rank in ranks
+            ]
+    merged.problems.sort(key=lambda p: -1 if p.layer is None else p.layer)  # model-wide first, then by layer (stable)
+    merged.mismatches = sum(_is_mismatch(p) for p in merged.problems)
+    merged.notes = list(dict.fromkeys(note for result in results for note in result.notes))
+    return merged
 
 
 def read_back(
@@ -214,13 +306,15 @@ def read_back(
     attention_backend: str | None = None,
     max_model_len: int = 512,
     skip_layers: Sequence[int] = (),
-) -> list[LoadedScale]:
-    """Loads the checkpoint in a real vLLM engine (eager, small context) and reads every attention module's scales."""
+    tensor_parallel_size: int = 1,
+) -> list[list[LoadedScale]]:
+    """Loads the checkpoint in a real vLLM engine (eager, small context) at the given tensor-parallel size and reads
+    every attention module's scales: one list per worker, in rank order."""
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model pickles our function
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB on the CPU backend: the read-back needs no cache
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries our result (--json)
-    # One process: the engine and its single worker in this one (each spawned process re-imports torch and vLLM,
-    # ~30 s apiece on 2 CPU cores); the scales read back are the same.
+    # The engine in this process, and with TP 1 its single worker too (each spawned process re-imports torch and
+    # vLLM, ~30 s apiece on 2 CPU cores); the scales read back are the same.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM  # imported here: the static verifier must not need vLLM
 
@@ -232,7 +326,9 @@ def read_back(
         "enforce_eager": True,
         "max_model_len": max_model_len,
         "max_num_seqs": 4,
-        "distributed_executor_backend": "uni",
+        # TP > 1 needs one process per rank (the workers inherit PYTHONPATH, so they import our read-back function).
+        "distributed_executor_backend": "mp" if tensor_parallel_size > 1 else "uni",
+        "tensor_parallel_size": tensor_parallel_size,
     }
     if attention_backend:
         kwargs["attention_config"] = {"backend": attention_backend}
@@ -246,5 +342,4 @@ def read_back(
         if shutdown is not None and hasattr(shutdown, "shutdown"):
             shutdown.shutdown()
         del llm
-    rows = per_worker[0] if per_worker else []
-    return [LoadedScale.from_row(row) for row in rows]
+    return [[LoadedScale.from_row(row) for row in rows] for rows in per_worker or []]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcal.verify import names
+from kvcal.verify.digest import weights_digest
 from kvcal.verify.problems import Problem
 from kvcal.verify.tensors import Tensor, index_checkpoint, load_tensors
 
@@ -324,6 +325,36 @@ def load(directory: Path) -> tuple[dict[str, Any], dict[str, Tensor], dict[str, 
     return config, scales, report if isinstance(report, dict) else None
 
 
+def recorded_artifact_hash(report: Mapping[str, Any] | None) -> str | None:
+    """The report's `provenance.artifactHash` (the calibrator's field artifact_hash, written camelCase): the
+    weights_digest of the folder it saved."""
+    provenance = report.get("provenance") if report else None
+    if not isinstance(provenance, Mapping):
+        return None
+    recorded = _first(provenance, ("artifactHash", "artifact_hash"))
+    return recorded if isinstance(recorded, str) and recorded else None
+
+
+def check_unchanged(recorded: str, actual: str) -> Problem | None:
+    """The checkpoint's weights must be the ones calibrated: a folder rewritten in place (same path, other weights)
+    would otherwise carry scales computed for a different model."""
+    if actual == recorded:
+        return None
+    return Problem(
+        "changed-in-place",
+        f"the weights and config.json hash to sha256 {actual[:12]}, but the calibrator recorded {recorded[:12]} "
+        "when it saved this checkpoint: it was changed after calibration, so its scales may not fit it (recalibrate, "
+        "or restore the calibrated files)",
+        tensor=REPORT_NAME,
+    )
+
+
 def verify(directory: Path, require_query: bool = False) -> StaticResult:
     config, scales, report = load(directory)
-    return check(config, scales, report, require_query)
+    result = check(config, scales, report, require_query)
+    recorded = recorded_artifact_hash(report)
+    if recorded:  # hashing reads every weight file: only when there is a hash to compare with
+        changed = check_unchanged(recorded, weights_digest(directory))
+        if changed:
+            result.problems.append(changed)
+    return result

@@ -19,12 +19,14 @@ from kvcal.core.manifests.common import (
     volumes_and_mounts,
 )
 from kvcal.core.protected import skip_layer_args
+from kvcal.core.vllm_flags import Flag, denotes
 from kvcal.models.spec import KVCalibrationSpec
 
 CONFIG_MOUNT = "/kvcal/config"
 CONFIG_KEY = "config.json"
 # Caches (HF, torch, vLLM) go to an emptyDir: the image's home may not be writable for a non-root user.
 SCRATCH_MOUNT = "/tmp"
+DEADLINE_ENV = "KVCAL_DEADLINE_SECONDS"  # read by kvcal.calibrator.cli
 DEFAULT_CALIBRATION_RESOURCES: dict[str, dict[str, str]] = {
     "requests": {"cpu": "4", "memory": "32Gi"},
     "limits": {"memory": "64Gi", "nvidia.com/gpu": "1"},
@@ -66,7 +68,11 @@ def calibration_config(spec: KVCalibrationSpec, max_model_len: int | None = None
         "force": True,
     }
     # Optional keys only when set: a pinned older calibrator reads this config too.
-    optional = {"maxModelLen": max_model_len, "queryScales": True if cal.query_scales else None}
+    optional = {
+        "maxModelLen": max_model_len,
+        "queryScales": True if cal.query_scales else None,
+        "modelRevision": spec.model.revision,
+    }
     return config | {key: value for key, value in optional.items() if value}
 
 
@@ -160,6 +166,9 @@ def build_calibration_job(owner: Owner, spec: KVCalibrationSpec, spec_hash: str)
         [*mounts, {"name": "kvcal-config", "mountPath": CONFIG_MOUNT, "readOnly": True}],
         job.resources.to_wire() if job.resources else DEFAULT_CALIBRATION_RESOURCES,
     )
+    # Preflight refuses a calibration estimated to outlast the Job (an env var: older calibrator images ignore it,
+    # where an unknown config key would fail them).
+    container["env"].append({"name": DEADLINE_ENV, "value": str(job.active_deadline_seconds)})
     scheduling: Manifest = {}
     if job.node_selector:
         scheduling["nodeSelector"] = job.node_selector
@@ -178,6 +187,57 @@ def build_calibration_job(owner: Owner, spec: KVCalibrationSpec, spec_hash: str)
     )
 
 
+# The verifier is delivered, not installed: an init container writes kvcal's verifier bundle (kvcal.verify.bundle)
+# into this emptyDir and the baseline's own vLLM image runs it with its own python3, so a stock vllm/vllm-openai works.
+VERIFIER_MOUNT = "/kvcal-verifier"
+VERIFIER_BUNDLE = f"{VERIFIER_MOUNT}/kvcal-verifier.pyz"  # kvcal.verify.bundle.BUNDLE_NAME
+VERIFIER_BUNDLE_RESOURCES: dict[str, dict[str, str]] = {
+    "requests": {"cpu": "100m", "memory": "64Mi"},
+    "limits": {"memory": "256Mi"},
+}
+# vLLM's workers talk through shared memory (NCCL, the engine's message queues): more than the runtime's 64 MiB.
+SHARED_MEMORY_LIMIT = "2Gi"
+TENSOR_PARALLEL_SIZE = Flag(("--tensor-parallel-size", "-tp"), "read only: the verification runs at the baseline's")
+
+
+def baseline_tensor_parallel_size(container: Manifest) -> int:
+    """The baseline vLLM container's `--tensor-parallel-size`/`-tp` (last occurrence wins); 1 when absent, or a
+    value vLLM itself would refuse (then the baseline serves nothing to compare with). Its pipeline-parallel size is
+    not copied: that places whole layers on different GPUs and changes no layer's scales, where TP slices every
+    layer's per-head scales across the ranks."""
+    args = [str(a) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
+    for index in reversed(range(len(args))):
+        if not denotes(args[index], TENSOR_PARALLEL_SIZE):
+            continue
+        written = args[index].strip()
+        if "=" in written:
+            value = written.split("=", 1)[1]
+        elif written.startswith("-tp") and len(written) > len("-tp"):
+            value = written[len("-tp") :]  # argparse's attached short-option value: -tp4
+        else:
+            value = args[index + 1] if index + 1 < len(args) else ""
+        return int(value) if value.strip().isdigit() and int(value) > 0 else 1
+    return 1
+
+
+def _verifier_bundle_container(image: str) -> Manifest:
+    """Writes the verifier bundle into the shared emptyDir and exits. `image` is the calibration Job's (the chart's
+    jobImages.calibrator, or spec.calibration.job.image where the policy allows it): the one image the chart already
+    configures for Jobs that has kvcal installed, and the kvcal that calibrated this checkpoint (the operator's own
+    image has kvcal too, but the operator does not know its image's name)."""
+    return {
+        "name": "verifier-bundle",
+        "image": image,
+        "command": ["python", "-m", "kvcal.verify.bundle", VERIFIER_MOUNT],
+        "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
+        "resources": VERIFIER_BUNDLE_RESOURCES,
+        "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [{"name": "kvcal-verifier", "mountPath": VERIFIER_MOUNT}],
+    }
+
+
 def build_verification_job(
     owner: Owner,
     spec: KVCalibrationSpec,
@@ -186,18 +246,22 @@ def build_verification_job(
     baseline_pod: Manifest,
     name: str | None = None,
 ) -> Manifest:
-    """Runs `kvcal verify CHECKPOINT --runtime` in the canary's (= the baseline's) vLLM image on the same hardware:
-    same resources, node selector and tolerations as the baseline pod. `name`: after a promotion, the re-verification
-    in the baseline's new image (default: the verification before the canary)."""
+    """Runs the verifier (`kvcal verify CHECKPOINT --runtime`, as a bundle) in the canary's (= the baseline's) vLLM
+    image, unchanged, on the same hardware: same resources, node selector and tolerations as the baseline pod, and
+    its tensor-parallel size, so every worker's scales are read back as the baseline's ranks load them. `name`: after
+    a promotion, the re-verification in the baseline's new image (default: the verification before the canary)."""
     checkpoint = checkpoint_location(spec)
     volumes, mounts = volumes_and_mounts([(checkpoint, False)])
+    tensor_parallel_size = baseline_tensor_parallel_size(baseline_container)
     command = [
-        "kvcal",
-        "verify",
+        "python3",  # the image's own: the one its vLLM is installed for
+        VERIFIER_BUNDLE,
         checkpoint.path,
         "--runtime",
         "--kv-cache-dtype",
         spec.serving.canary.kv_cache_dtype,
+        "--tensor-parallel-size",
+        str(tensor_parallel_size),
         "--json",
         "--termination-log",
         TERMINATION_MESSAGE_PATH,
@@ -207,6 +271,11 @@ def build_verification_job(
     if spec.calibration.query_scales:
         command += ["--query-scales"]
     command += skip_layer_args(spec)
+    volumes.append({"name": "kvcal-verifier", "emptyDir": {}})
+    mounts.append({"name": "kvcal-verifier", "mountPath": VERIFIER_MOUNT, "readOnly": True})
+    if tensor_parallel_size > 1:
+        volumes.append({"name": "kvcal-shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHARED_MEMORY_LIMIT}})
+        mounts.append({"name": "kvcal-shm", "mountPath": "/dev/shm"})
     container = _container(
         "verify",
         str(baseline_container["image"]),
@@ -214,8 +283,10 @@ def build_verification_job(
         mounts,
         dict(baseline_container.get("resources") or {}),
     )
+    # vLLM's worker processes unpickle the read-back function by reference: they import it from the bundle too.
+    container["env"].append({"name": "PYTHONPATH", "value": VERIFIER_BUNDLE})
     scheduling = {k: baseline_pod[k] for k in ("nodeSelector", "tolerations", "affinity") if baseline_pod.get(k)}
-    return _job(
+    job = _job(
         owner,
         name or verification_job_name(owner.name, spec_hash),
         "verification",
@@ -226,3 +297,12 @@ def build_verification_job(
         backoff=0,
         scheduling=scheduling,
     )
+    pod = job["spec"]["template"]["spec"]
+    init = [_verifier_bundle_container(spec.calibration.job.image or DEFAULT_CALIBRATOR_IMAGE)]
+    job["spec"]["template"]["spec"] = {
+        **{k: v for k, v in pod.items() if k not in ("containers", "volumes")},
+        "initContainers": init,
+        "containers": pod["containers"],
+        "volumes": pod["volumes"],
+    }
+    return job
