@@ -3,7 +3,8 @@
 A user bound only to the chart's aggregated -edit ClusterRole (may manage KVCalibrations; may not create Pods, Jobs
 or Deployments) applies specs; the operator runs in-process under the chart's own ServiceAccount token with the
 policy the chart's values give it (tests.support.chart.operator_policy). No kubelet: the point is what the operator
-creates, not what runs.
+creates, not what runs. Issue #23: vLLM flags outside policy.vllmFlags.allowed the same way; and a promotion after
+the admin tightened that list, in tests.e2e.test_lifecycle's world (its fake kubelet readies the canary).
 """
 
 import json
@@ -17,10 +18,21 @@ import pytest
 import yaml
 
 from kvcal.adapters.kube import KubeClient
-from tests.e2e.test_lifecycle import FakeBackends, OperatorThread
-from tests.support.chart import Release, helm, install_chart, operator_policy, release_name, uninstall_chart
+from kvcal.core.manifests import FIELD_MANAGER
+from tests.e2e.test_argocd import CALIBRATION_SUMMARY, VERIFICATION_SUMMARY, terminate_job_pod
+from tests.e2e.test_lifecycle import (
+    FakeBackends,
+    OperatorThread,
+    World,
+    baseline,
+    dataset_configmap,
+    kvcalibration,
+    world,
+)
+from tests.support.chart import CHART, Release, helm, install_chart, operator_policy, release_name, uninstall_chart
 from tests.support.cluster import Cluster, wait_for
 
+__all__ = ["world"]  # the fixture, imported for pytest
 pytestmark = pytest.mark.cluster
 USER = "alice"
 
@@ -168,3 +180,97 @@ def test_admin_allowed_prefix_and_image_work_and_nothing_beyond(
         assert f"spec.model.source: host folder {allowed}-x/models is outside" in status["message"]
         assert "chart value policy.hostPath.allowedPrefixes" in status["message"]
         assert s.children("jobs") == [job_name]  # only the allowed one's Job
+
+
+# Issue #23: vLLM flags outside policy.vllmFlags.allowed (the defaults: tuning flags only), each as the issue shows.
+HOSTILE_FLAGS = [
+    ["--otlp-traces-endpoint=http://collector.attacker.example:4317"],
+    ["--middleware", "attacker.module"],
+    ["--trust-remote-code"],
+    ["--allowed-local-media-path=/"],
+    ["--enable-log-requests"],
+    ["--chat-template", "/var/run/secrets/kubernetes.io/serviceaccount/token"],
+]
+
+
+def with_extra_args(extra_args: list[str]) -> dict[str, Any]:
+    body = spec("pvc://models/llama", "configmap://prompts/prompts.jsonl", "pvc://models/llama-fp8kv")
+    body["serving"]["canary"] = {"extraArgs": extra_args}
+    return body
+
+
+def test_edit_role_user_cannot_pass_vllm_flags_outside_the_allow_list(
+    control_plane: Cluster, crd_installed: str, namespace: str, tmp_path: Path
+) -> None:
+    with operator_under_chart(control_plane, namespace, tmp_path, {}) as s:
+        names = [f"flag-{i}" for i in range(len(HOSTILE_FLAGS))]
+        for name, flags in zip(names, HOSTILE_FLAGS, strict=True):
+            created = s.apply_as_user(name, **with_extra_args(["--max-num-seqs", "8", *flags]))
+            assert created.returncode == 0, created.stderr  # the CRD is static: the operator's policy refuses
+        for name, flags in zip(names, HOSTILE_FLAGS, strict=True):
+            status = s.wait_phase(name, "InvalidSpec")
+            flag = flags[0].split("=")[0]
+            message = status["message"]
+            assert f"spec.serving.canary.extraArgs[2]: {flag} is not a vLLM flag the operator allows" in message
+            assert "chart value policy.vllmFlags.allowed" in message
+            assert status["history"][-1]["reason"] == "PolicyDenied"
+        assert s.children("jobs") == [] and s.children("configmaps") == [] and s.children("deployments") == []
+
+        # The control: an allowed flag gets the calibration Job (the refusals above are the flags', nothing else).
+        assert s.apply_as_user("tuned", **with_extra_args(["--max-num-seqs", "8", "--enforce-eager"])).returncode == 0
+        job_name = s.wait_phase("tuned", "Calibrating")["calibration"]["job"]
+        assert s.children("jobs") == [job_name]
+
+
+def test_a_policy_tightened_between_canary_and_promotion_writes_nothing_into_production(
+    world: World, control_plane: Cluster, tmp_path: Path
+) -> None:
+    """The canary runs with --enforce-eager; the admin then takes it off policy.vllmFlags.allowed (helm upgrade, the
+    operator restarts with the new value) and someone asks for the promotion: the baseline is left as it was, the
+    canary is removed, and the status names the flag and the chart value."""
+    w, name = world, "tightened"
+    model = tmp_path / "model"
+    model.mkdir()
+    w.kubelet.hold("calibration", "verification")
+    deployment, service = baseline(model, replicas=1)
+    for manifest in (deployment, service, dataset_configmap()):
+        w.apply(manifest)
+    extra_args = ["--max-num-seqs", "8", "--enforce-eager"]
+    w.apply(kvcalibration(name, model, w.out, serving={"canary": {"extraArgs": extra_args}}))  # promotion: manual
+    w.wait_phase(name, "Calibrating", 60)
+    terminate_job_pod(w.kube, w.namespace, name, "calibration", CALIBRATION_SUMMARY)
+    w.wait_phase(name, "Verifying", 60)
+    terminate_job_pod(w.kube, w.namespace, name, "verification", VERIFICATION_SUMMARY)
+    w.wait_phase(name, "AwaitingPromotion", 120)
+    canary = w.kube.get("Deployment", w.namespace, f"{name}-canary")
+    assert canary is not None and canary["spec"]["template"]["spec"]["containers"][0]["args"][-3:] == extra_args
+    before = w.kube.get("Deployment", w.namespace, "llm")
+    assert before is not None
+
+    w.operator.stop()
+    w.cluster.kubectl("annotate", "-n", w.namespace, f"kvcalibration/{name}", "kvcal.dev/promote=e2e")
+    release = upgrade_release(w, {"policy.vllmFlags.allowed[0]": "--max-num-seqs"})
+    w.operator.policy = operator_policy(control_plane, release)
+    assert w.operator.policy.vllm_flags_allowed == ("--max-num-seqs",)
+    w.operator.start()
+
+    obj = w.wait_phase(name, "RolledBack", 120)
+    denied = [h for h in obj["status"]["history"] if h["reason"] == "PolicyDenied"]
+    assert denied and denied[0]["phase"] == "RollingBack", obj["status"]["history"]
+    message = denied[0]["message"]
+    assert "spec.serving.canary.extraArgs[2]: --enforce-eager is not a vLLM flag the operator allows" in message
+    assert "chart value policy.vllmFlags.allowed" in message
+    assert "Promoting" not in [h["phase"] for h in obj["status"]["history"]]
+    wait_for(lambda: w.children("Deployment", name) == [], 30, "the canary removed")
+    after = w.kube.get("Deployment", w.namespace, "llm")
+    assert after is not None and after["spec"]["template"] == before["spec"]["template"]
+    assert FIELD_MANAGER not in {m["manager"] for m in after["metadata"]["managedFields"]}  # kvcal wrote nothing
+
+
+def upgrade_release(w: World, values: dict[str, str]) -> Release:
+    """helm upgrade --reuse-values of the world's release (one per namespace) with `values` set."""
+    (name,) = helm(w.cluster, "list", "--namespace", w.namespace, "--short").stdout.split()
+    sets = [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
+    proc = helm(w.cluster, "upgrade", name, str(CHART), "--namespace", w.namespace, "--reuse-values", *sets)
+    assert proc.returncode == 0, f"helm upgrade failed:\n{proc.stdout}\n{proc.stderr}"
+    return Release(name, w.namespace, "", Path())

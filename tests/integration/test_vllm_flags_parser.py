@@ -1,21 +1,25 @@
-"""kvcal.core.vllm_flags against vLLM 0.32's real `vllm serve` parser (FlexibleArgumentParser, allow_abbrev on).
+"""kvcal.core.vllm_flags and vllm_allowlist against vLLM 0.32's real `vllm serve` parser (FlexibleArgumentParser,
+allow_abbrev on).
 
 Every spelling the operator refuses is one vLLM really maps onto an owned argument; every prefix vLLM resolves to an
 argument kvcal does not own passes; and the canary built from a baseline full of odd spellings parses, in vLLM, to
-the calibrated checkpoint with kvcal's KV dtype.
+the calibrated checkpoint with kvcal's KV dtype. kvcal's table of vLLM's arguments is this parser's, and whatever
+the default allow-list lets through changes no argument in vLLM but the allowed ones.
 """
 
 import argparse
 from collections.abc import Iterator
+from importlib import resources
 from typing import Any
 
 import pytest
 
-from kvcal.core import vllm_flags
+from kvcal.core import vllm_allowlist, vllm_flags
 from kvcal.core.manifests import build_canary_deployment
 from kvcal.core.manifests.jobs import checkpoint_location
 from tests.unit.test_canary_flags import SPEC, baseline_with_odd_spellings
 from tests.unit.test_decide_support import OWNER, spec
+from tests.unit.test_vllm_allowlist import HOSTILE
 
 pytestmark = pytest.mark.vllm
 
@@ -132,3 +136,65 @@ def test_canary_of_an_odd_baseline_parses_to_the_calibrated_checkpoint_with_fp8(
     assert parsed.kv_cache_dtype == SPEC.serving.canary.kv_cache_dtype
     assert parsed.served_model_name == ["llm"]
     assert parsed.kv_cache_dtype_skip_layers == []  # kvcal owns it: only spec.serving.canary.protectedLayers
+
+
+# --- the allow-list (kvcal.core.vllm_allowlist) ---------------------------------------------------------------------
+
+
+def test_kvcals_table_of_vllm_arguments_is_this_parsers(serve_parser: Any) -> None:
+    """operator/kvcal/data/vllm-serve-flags.json is what tests.support.vllm_serve_flags reads off the real parser."""
+    from tests.support.vllm_serve_flags import catalog, render
+
+    _, serve = serve_parser
+    committed = resources.files("kvcal").joinpath(vllm_allowlist.CATALOG).read_text(encoding="utf-8")
+    regenerate = "python -m tests.support.vllm_serve_flags > operator/kvcal/data/vllm-serve-flags.json"
+    assert committed == render(catalog(serve)), f"regenerate it: {regenerate}"
+
+
+def _candidates() -> list[list[str]]:
+    """extraArgs to try against both: every default flag with good and bad values, and the spellings argparse and
+    vLLM accept for other arguments (abbreviations, _ forms, --flag.key, short options with attached values)."""
+    values = ("8", "-1", "0.5", "1e3", "8k", "8K", "1.5k", "auto", "None", "x", "8_0", " 8")
+    found: list[list[str]] = [*HOSTILE]
+    for flag in vllm_allowlist.DEFAULT_ALLOWED:
+        found += [[flag, value] for value in values]
+        found += [[f"{flag}={value}"] for value in ("8", "true", "")]
+        found += [["--" + flag[2:].replace("-", "_")], *([flag[:end], "8"] for end in range(4, len(flag)))]
+    found += [["--max-num-seqs.x", "1"], ["--compilation-config.mode=0"], ["-O3"], ["-tp2"], ["-tp", "2"], ["-ep"]]
+    found += [["--enforce-eager", "true"], ["--no-enforce-eager"], ["--no-enable-prefix-caching"]]
+    return [*found, ["--seed", "--enforce-eager"]]
+
+
+CANDIDATES = _candidates()
+
+
+def _dests(parsed: argparse.Namespace) -> dict[str, Any]:
+    return {k: v for k, v in vars(parsed).items() if not callable(v)}
+
+
+@pytest.mark.parametrize("extra_args", CANDIDATES, ids=lambda a: " ".join(a))
+def test_what_the_allow_list_lets_through_sets_only_allowed_arguments_in_vllm(
+    serve_parser: Any, extra_args: list[str]
+) -> None:
+    """Whatever passes the default allow-list parses in vLLM, and changes no argument but the allowed ones: no
+    abbreviation, sub-key or attached value reaches another argument. (What it refuses may or may not parse.)"""
+    _, serve = serve_parser
+    if vllm_allowlist.refusals(extra_args, vllm_allowlist.allowed_names(vllm_allowlist.DEFAULT_ALLOWED)):
+        return
+    kvcal_args = ["--model", "/ckpt", "--kv-cache-dtype", "fp8_e4m3", "--served-model-name", "llm"]
+    before = _dests(serve.parse_args(kvcal_args))
+    after = _dests(serve.parse_args([*kvcal_args, *extra_args]))  # SystemExit: vLLM refuses what kvcal let through
+    options = _options(serve)
+    allowed_dests = {options[flag].dest for flag in vllm_allowlist.DEFAULT_ALLOWED}
+    changed = {k for k in after if after[k] != before.get(k)}
+    assert changed <= allowed_dests, (extra_args, changed - allowed_dests)
+
+
+@pytest.mark.parametrize("extra_args", HOSTILE, ids=lambda a: a[0].split("=")[0])
+def test_the_issues_hostile_flags_really_reach_vllm_and_are_refused(serve_parser: Any, extra_args: list[str]) -> None:
+    _, serve = serve_parser
+    kvcal_args = ["--model", "/ckpt", "--kv-cache-dtype", "fp8_e4m3", "--served-model-name", "llm"]
+    before, after = _dests(serve.parse_args(kvcal_args)), _dests(serve.parse_args([*kvcal_args, *extra_args]))
+    assert after != before, f"{extra_args} changes nothing in vLLM 0.32"
+    found = vllm_allowlist.refusals(extra_args, vllm_allowlist.allowed_names(vllm_allowlist.DEFAULT_ALLOWED))
+    assert [r.policy for r in found] == [True]

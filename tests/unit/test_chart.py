@@ -300,6 +300,8 @@ def test_stuck_phase_threshold_reaches_the_alert() -> None:
         ({"metrics.port": "80"}, "port"),
         ({"replicas": "2"}, "replicas"),
         ({"extraArgs[0]": "rm"}, "extraArgs"),
+        ({"policy.vllmFlags.allowed[0]": "-tp"}, "vllmFlags"),
+        ({"policy.vllmFlags.allowed[0]": "--max_num_seqs"}, "vllmFlags"),
         ({"watchNamespace": "Not_A_Namespace"}, "watchNamespace"),
         ({"jobImages.calibrator": "ghcr.io/kvcal/kvcal-calibrator"}, "calibrator"),
         ({"resources.limits.memory": "lots"}, "memory"),
@@ -334,3 +336,22 @@ def test_operator_command_line_parses(
     except SystemExit:
         pytest.fail(f"`kvcal {' '.join(argv)}` is refused by the operator's parser: {capsys.readouterr().err}")
     assert callable(args.func)
+
+
+def test_the_vllm_flag_allow_list_reaches_the_operator(tmp_path: Path) -> None:
+    """policy.vllmFlags.allowed as the operator's own parser reads the Deployment: the default list, an admin's list,
+    and [] (none allowed); a release whose values predate the key gets the operator's default, the same list."""
+    from kvcal.cli import build_parser
+    from kvcal.core.vllm_allowlist import DEFAULT_ALLOWED
+    from kvcal.handlers.cli import policy_from_args
+
+    def allowed(docs: list[dict[str, Any]]) -> tuple[str, ...]:
+        container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        argv = [*container["command"][1:], *container["args"]]
+        return policy_from_args(build_parser(argv[0]).parse_args(argv)).vllm_flags_allowed
+
+    assert allowed(render()) == DEFAULT_ALLOWED
+    assert allowed(render({"policy.vllmFlags.allowed[0]": "--seed"})) == ("--seed",)
+    (tmp_path / "none.yaml").write_text("policy:\n  vllmFlags:\n    allowed: []\n")
+    out = helm("template", "rel", str(CHART), "--kube-version", KUBE_VERSION, "-f", str(tmp_path / "none.yaml")).stdout
+    assert allowed([d for d in yaml.safe_load_all(out) if d]) == ()

@@ -40,6 +40,7 @@ from kvcal.core.observations import (
     SetWeight,
 )
 from kvcal.core.phases import check_transition
+from kvcal.core.policy import extra_args_violations
 from kvcal.core.timestamps import parse_rfc3339, rfc3339
 from kvcal.core.traffic import plan_step
 from kvcal.core.verification import verification_result
@@ -441,6 +442,8 @@ def _promoting(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> No
         return
     name = spec.serving.baseline.deployment
     if not is_promoted(baseline.manifest, draft.obs.owner, current_hash):
+        if _promotion_refused(draft, spec):
+            return
         draft.do(ApplyOwnedFields(build_promoted_baseline(draft.obs.owner, spec, current_hash, baseline.manifest)))
         draft.condition("Promoted", "False", "RollingOut", f"rolling {name} to the calibrated checkpoint with FP8 KV")
         draft.wait(f"rolling the baseline {name} to the calibrated checkpoint")
@@ -462,6 +465,25 @@ def _promoting(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> No
     message = f"{name} serves the calibrated checkpoint with FP8 KV on all {baseline.replicas} pods"
     draft.condition("Promoted", "True", "RolledOut", message)
     draft.move(Phase.SUCCEEDED, "Promoted", message)
+
+
+def _promotion_refused(draft: Builder, spec: KVCalibrationSpec) -> bool:
+    """Promotion writes the canary's extraArgs into the baseline, which the KVCalibration's author may not be allowed
+    to edit: only what the allow-list allows now is written. decide() already rolled back a run that the policy
+    refuses before Promoting; this is the write itself (the policy, or the spec, changed since that pass). Nothing of
+    the promotion was written (the baseline does not carry it), and Promoting never rolls back, so: the canary is
+    drained and removed as in a rollback, then Failed, naming the flag and the chart value; `kvcal retry` re-runs
+    the analysis under the policy of then."""
+    refused = extra_args_violations(spec.serving.canary.extra_args, draft.obs.policy)
+    if not refused:
+        return False
+    why = "; ".join(str(v) for v in refused)
+    reason = "PolicyDenied" if any(v.chart_value for v in refused) else "InvalidSpec"
+    draft.condition("Promoted", "False", reason, f"not promoted: {why}")
+    if remove_canary(draft, spec):
+        baseline = spec.serving.baseline.deployment
+        fail(draft, reason, f"promotion refused, the baseline {baseline} was left untouched: {why}")
+    return True
 
 
 def _rolling_back(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> None:

@@ -3,7 +3,8 @@
 Whoever may create a KVCalibration (the chart's aggregated edit role) gets Jobs and a Deployment created by the
 operator's ServiceAccount, so the spec must not reach further than its author could alone: no host folders unless a
 cluster admin allowed them (chart values policy.hostPath.*), and the calibration Job runs only the chart's calibrator
-image (jobImages.calibrator) or images under policy.calibratorImage.allowedPrefixes. `check` is pure; decide()
+image (jobImages.calibrator) or images under policy.calibratorImage.allowedPrefixes. The canary (and, promoted, the
+baseline) gets only the vLLM flags of policy.vllmFlags.allowed. `check` is pure; decide()
 refuses a spec with violations before any child exists. docs/security.md explains the trust model.
 """
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 from pydantic import field_validator
 
+from kvcal.core import vllm_allowlist
 from kvcal.core.manifests.common import DEFAULT_CALIBRATOR_IMAGE, Location, clean_path, locate
 from kvcal.models.base import Model
 from kvcal.models.spec import KVCalibrationSpec
@@ -19,6 +21,7 @@ from kvcal.models.spec import KVCalibrationSpec
 HOST_PATH_ENABLED_VALUE = "policy.hostPath.enabled"
 HOST_PATH_PREFIXES_VALUE = "policy.hostPath.allowedPrefixes"
 IMAGE_PREFIXES_VALUE = "policy.calibratorImage.allowedPrefixes"
+VLLM_FLAGS_VALUE = "policy.vllmFlags.allowed"
 # Characters that end an image's repository part: a prefix must stop at one (ghcr.io/org matches ghcr.io/org/x and
 # ghcr.io/org:1, never ghcr.io/organisation).
 _IMAGE_SEPARATORS = "/:@"
@@ -31,6 +34,8 @@ class Policy(Model):
     calibrator_image_prefixes: tuple[str, ...] = ()
     # Host folders a spec may mount; empty: hostpath:// is disabled.
     host_path_prefixes: tuple[str, ...] = ()
+    # vLLM flags spec.serving.canary.extraArgs may pass (canonical long names; core.vllm_allowlist).
+    vllm_flags_allowed: tuple[str, ...] = vllm_allowlist.DEFAULT_ALLOWED
 
     @field_validator("host_path_prefixes")
     @classmethod
@@ -46,6 +51,14 @@ class Policy(Model):
         if any(not p.strip() for p in prefixes):
             raise ValueError(f"{IMAGE_PREFIXES_VALUE}: an empty prefix would allow every image")
         return prefixes
+
+    @field_validator("vllm_flags_allowed")
+    @classmethod
+    def _allowable_flags(cls, flags: tuple[str, ...]) -> tuple[str, ...]:
+        problems = [why for why in map(vllm_allowlist.unallowable, flags) if why]
+        if problems:
+            raise ValueError(f"{VLLM_FLAGS_VALUE}: " + "; ".join(problems))
+        return flags
 
 
 @dataclass(frozen=True)
@@ -130,6 +143,21 @@ def _overlaps(model: Location, dataset: Location, output: Location) -> list[Viol
     return found
 
 
+def extra_args_violations(args: list[str], policy: Policy) -> list[Violation]:
+    """The extraArgs the allow-list does not let through. Checked on every pass (a tightened policy rolls back what
+    runs) and again right before promotion writes them into the baseline (core.lifecycle)."""
+    allowed = vllm_allowlist.allowed_names(policy.vllm_flags_allowed)
+    found: list[Violation] = []
+    for refusal in vllm_allowlist.refusals(args, allowed):
+        field = f"spec.serving.canary.extraArgs[{refusal.index}]"
+        if refusal.policy:
+            message = f"{field}: {refusal.message}; " + _allow_hint(VLLM_FLAGS_VALUE)
+            found.append(Violation(field, message, VLLM_FLAGS_VALUE))
+        else:
+            found.append(Violation(field, f"{field}: {refusal.message}"))
+    return found
+
+
 def check(spec: KVCalibrationSpec, policy: Policy) -> list[Violation]:
     """Everything in `spec` the operator must refuse, each naming its field (and the chart value that allows it)."""
     found: list[Violation] = []
@@ -162,4 +190,5 @@ def check(spec: KVCalibrationSpec, policy: Policy) -> list[Violation]:
             + _allow_hint(IMAGE_PREFIXES_VALUE)
         )
         found.append(Violation(field, message, IMAGE_PREFIXES_VALUE))
+    found += extra_args_violations(spec.serving.canary.extra_args, policy)
     return found

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from kvcal.core.manifests.common import DEFAULT_CALIBRATOR_IMAGE
 from kvcal.core.policy import Policy
+from kvcal.core.vllm_allowlist import DEFAULT_ALLOWED
 
 if TYPE_CHECKING:
     from kvcal.adapters.kube import KubeClient
@@ -73,6 +74,13 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
         metavar="PATH",
         help="allow hostpath:// sources and outputs under this host folder (repeatable); none: hostpath:// disabled",
     )
+    run.add_argument(
+        "--allowed-vllm-flags",
+        default=None,
+        metavar="FLAGS",
+        help="the vLLM flags spec.serving.canary.extraArgs may pass, comma-separated long names, e.g. "
+        "--max-num-seqs,--enforce-eager; empty: none (default: kvcal's tuning flags, docs/security.md)",
+    )
     run.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: $KUBECONFIG, in-cluster")
     run.add_argument("--verbose", "-v", action="store_true")
     run.set_defaults(func=_run)
@@ -98,7 +106,15 @@ def policy_from_args(args: argparse.Namespace) -> Policy:
         calibrator_image=args.calibrator_image,
         calibrator_image_prefixes=tuple(args.allow_calibrator_image_prefix),
         host_path_prefixes=tuple(args.allow_hostpath_prefix),
+        vllm_flags_allowed=_vllm_flags(args.allowed_vllm_flags),
     )
+
+
+def _vllm_flags(flags: str | None) -> tuple[str, ...]:
+    """None (the chart predates policy.vllmFlags): kvcal's default list, the one values.yaml shows; "": none."""
+    if flags is None:
+        return DEFAULT_ALLOWED
+    return tuple(flag.strip() for flag in flags.split(",") if flag.strip())
 
 
 def _run(args: argparse.Namespace) -> int:
