@@ -114,7 +114,9 @@ class OperatorProcess:
 
     def __init__(self, cluster: Cluster, release: Release, namespace: str, log: Path) -> None:
         self.argv = [sys.executable, "-m", "kvcal", "operator", "run", "--kubeconfig", str(release.kubeconfig),
-                     "-n", namespace, "--standalone", "--allow-hostpath-prefix=/"]  # fmt: skip
+                     "-n", namespace, "--standalone", "--allow-hostpath-prefix=/",
+                     # The Prometheus the specs name (nothing listens there): the only one they may query.
+                     '--prometheus={"name": "default", "address": "http://127.0.0.1:9"}']  # fmt: skip
         self.env = cluster.env(str(release.kubeconfig))
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None

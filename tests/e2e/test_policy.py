@@ -274,3 +274,59 @@ def upgrade_release(w: World, values: dict[str, str]) -> Release:
     proc = helm(w.cluster, "upgrade", name, str(CHART), "--namespace", w.namespace, "--reuse-values", *sets)
     assert proc.returncode == 0, f"helm upgrade failed:\n{proc.stdout}\n{proc.stderr}"
     return Release(name, w.namespace, "", Path())
+
+
+# Issue #23: URLs the operator would fetch on the author's behalf. Each is either refused by the API server (not an
+# http(s) URL) or blocked by the operator before anything exists: it queries only a Prometheus the chart configured.
+ADMITTED_NOWHERE = ["file:///etc/passwd", "gopher://169.254.169.254:80/_GET", "169.254.169.254"]
+
+
+def test_edit_role_user_cannot_make_the_operator_fetch_a_url_of_their_choice(
+    control_plane: Cluster, crd_installed: str, namespace: str, tmp_path: Path
+) -> None:
+    thanos = "http://thanos-query.monitoring:9090"
+    values = {"policy.prometheus.additional[0].name": "thanos", "policy.prometheus.additional[0].address": thanos}
+    with operator_under_chart(control_plane, namespace, tmp_path, values) as s:
+        kubernetes = control_plane.get_json("service", "kubernetes", "-n", "default")
+        cluster_ip = kubernetes["spec"]["clusterIP"]  # type: ignore[index]
+        # An in-cluster Service that is not the configured Prometheus: one the admin runs (the chart's own metrics
+        # Service).
+        services: Any = s.cluster.get_json("services", "-n", namespace)["items"]
+        (metrics_service,) = [n for n in (v["metadata"]["name"] for v in services) if n.endswith("-metrics")]
+        picks: dict[str, dict[str, str]] = {
+            "imds": {"address": "http://169.254.169.254/latest/meta-data/iam/security-credentials/"},
+            "imds-v6": {"address": "http://[fd00:ec2::254]/latest/meta-data/"},
+            "apiserver": {"address": control_plane.server},
+            "apiserver-svc": {"address": "https://kubernetes.default.svc"},
+            "apiserver-ip": {"address": f"https://{cluster_ip}:443/api/v1/secrets"},
+            "other-svc": {"address": f"http://{metrics_service}.{namespace}.svc:9090"},
+            "userinfo": {"address": "http://prometheus.monitoring:9090@169.254.169.254/"},
+            "unknown-name": {"name": "imds"},
+            "mismatch": {"name": "thanos", "address": "http://169.254.169.254/"},
+        }
+        model = spec("pvc://models/llama", "configmap://prompts/prompts.jsonl", "pvc://models/out")
+        for name, prometheus in picks.items():
+            created = s.apply_as_user(name, **{**model, "analysis": {"prometheus": prometheus}})
+            assert created.returncode == 0, (name, created.stderr)
+        for name in picks:
+            status = s.wait_phase(name, "InvalidSpec")
+            message = status["message"]
+            field = "spec.analysis.prometheus.name" if name == "unknown-name" else "spec.analysis.prometheus.address"
+            assert message.startswith(f"{field}: "), (name, message)
+            assert "is not a Prometheus the operator may query" in message, (name, message)
+            assert "chart value policy.prometheus.additional" in message, (name, message)
+            assert f"thanos ({thanos})" in message
+            assert status["history"][-1]["reason"] == "PolicyDenied"
+        assert "http://***@169.254.169.254/" in s.status("userinfo")["message"]  # userinfo is never repeated
+        assert s.children("jobs") == [] and s.children("configmaps") == [] and s.children("deployments") == []
+
+        for address in ADMITTED_NOWHERE:
+            refused = s.apply_as_user("scheme", **{**model, "analysis": {"prometheus": {"address": address}}})
+            assert refused.returncode != 0 and "spec.analysis.prometheus.address" in refused.stderr, refused.stderr
+
+        # What the admin configured is picked: by name, and kvcal 0.1's default address (the chart's default).
+        allowed = {"by-name": {"name": "thanos"}, "legacy": {"address": "http://prometheus.monitoring:9090"}}
+        for name, prometheus in allowed.items():
+            assert s.apply_as_user(name, **{**model, "analysis": {"prometheus": prometheus}}).returncode == 0
+            s.wait_phase(name, "Calibrating")
+        assert len(s.children("jobs")) == 2

@@ -159,7 +159,8 @@ def real(
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> Iterator[Real]:
-    values = {"rbac.scope": "namespace", **HOST_PATHS_ALLOWED}
+    # The test's Prometheus is the chart's default one: the spec names its exact address (kvcal 0.1's form).
+    values = {"rbac.scope": "namespace", **HOST_PATHS_ALLOWED, "policy.prometheus.default.address": prometheus.url}
     release = install_chart(control_plane, namespace, release_name(), values, tmp_path)
     kube = KubeClient(control_plane.api_client())
     scrapes = Scrapes(prometheus, namespace)
@@ -180,8 +181,9 @@ def real(
         serve_labels={"app": "llm"},
         on_serving=serving,
     ).start()
-    backends = ClusterBackendsForTest(cluster_backends=ClusterBackends(kube))
-    operator = OperatorThread(release.kubeconfig, namespace, backends, operator_policy(control_plane, release))
+    policy = operator_policy(control_plane, release)
+    backends = ClusterBackendsForTest(cluster_backends=ClusterBackends(kube, policy))
+    operator = OperatorThread(release.kubeconfig, namespace, backends, policy)
     load.append(LoadGenerator(lambda: service_endpoints(kube, kubelet, namespace), concurrency=4))
     load[0].pause()
     load[0].start()

@@ -76,6 +76,8 @@ CASES: list[Case] = [
     ok("gateway-route", {"serving.traffic.router": "gateway-api", "serving.traffic.httpRoute": "qwen.v1"}),
     ok("durations", {"analysis.interval": "1h30m", "analysis.warmup": "0s"}),
     ok("interval-one-second", {"analysis.interval": "1s"}),
+    ok("prometheus-by-name", {"analysis.prometheus.name": "thanos-eu-1"}),
+    ok("prometheus-name-and-address", {"analysis.prometheus": {"name": "default", "address": "https://p.m:9090/"}}),
     ok("limits-zero", {"analysis.failureLimit": 0, "analysis.inconclusiveLimit": 0}),
     ok("limits-max", {"analysis.consecutiveErrorLimit": 1000, "analysis.successfulIntervals": 1000}),
     ok("latency-two-quantiles", {LATENCY: [{"metric": "ttft", "quantile": 0.5}, {"metric": "ttft", "quantile": 0.99}]}),
@@ -221,6 +223,9 @@ CASES: list[Case] = [
     # --- analysis -------------------------------------------------------------------------------------------------
     bad("spec.analysis.prometheus.address:pattern", {"analysis.prometheus.address": "prometheus:9090"}),
     bad("spec.analysis.prometheus.address:maxLength", {"analysis.prometheus.address": "http://p/" + "a" * 1020}),
+    bad("spec.analysis.prometheus.name:pattern", {"analysis.prometheus.name": "Thanos"}),
+    bad("spec.analysis.prometheus.name:maxLength", {"analysis.prometheus.name": "p" * 64}),
+    bad("spec.analysis.prometheus.name:type", {"analysis.prometheus.name": 1}),
     bad("spec.analysis.interval:minLength", {"analysis.interval": ""}),
     bad("spec.analysis.interval:maxLength", {"analysis.interval": "1" * 16 + "s"}),
     bad("spec.analysis.interval:pattern", {"analysis.interval": "1 minute"}),

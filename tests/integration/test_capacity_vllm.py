@@ -64,7 +64,8 @@ def test_a_canary_whose_fp8_did_not_apply_fails_the_analysis(
 ) -> None:
     spec = scrape(prometheus, "kv-not-applied", servers["auto"], servers["auto"])
     try:
-        metrics = PrometheusMetrics(promql.pod_regex_selector("kv-not-applied", BASELINE, CANARY))
+        selector = promql.pod_regex_selector("kv-not-applied", BASELINE, CANARY)
+        metrics = PrometheusMetrics(selector, policy=prometheus.policy())
         readings = metrics.kv_cache(spec)
         now = datetime.now(UTC)
         at = now.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -83,7 +84,8 @@ def test_a_canary_whose_fp8_did_not_apply_fails_the_analysis(
 def test_fp8_beside_bf16_holds_twice_the_tokens(servers: dict[str, VllmServer], prometheus: PrometheusServer) -> None:
     spec = scrape(prometheus, "kv-fp8", servers["auto"], servers["fp8"])
     try:
-        readings = PrometheusMetrics(promql.pod_regex_selector("kv-fp8", BASELINE, CANARY)).kv_cache(spec)
+        selector = promql.pod_regex_selector("kv-fp8", BASELINE, CANARY)
+        readings = PrometheusMetrics(selector, policy=prometheus.policy()).kv_cache(spec)
     finally:
         prometheus.remove_targets("kv-fp8")
     at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -70,9 +70,8 @@ def test_prometheus_measures_a_real_vllm_server(vllm_server: VllmServer, prometh
                 LatencyCheck(metric="e2e", quantile=0.5, max_regression=1.0),
             ],
         )
-        measurements = {
-            m.metric: m for m in PrometheusMetrics(promql.role_label_selector("real-vllm")).measure(spec, 300)
-        }
+        metrics = PrometheusMetrics(promql.role_label_selector("real-vllm"), policy=prometheus.policy())
+        measurements = {m.metric: m for m in metrics.measure(spec, 300)}
         assert measurements["requests"].phase == "Successful" and (measurements["requests"].canary or 0) >= 5
         for name in ("ttft-p95", "e2e-p50"):
             m = measurements[name]

@@ -46,7 +46,7 @@ def measure(prometheus: PrometheusServer, mode: str) -> dict[str, tuple[str, flo
         saturation=SaturationCheck.model_validate({"mode": mode}),
     )  # fmt: skip
     selector = promql.pod_regex_selector(NAMESPACE, "llm", "llm-kvcal-canary")
-    out = PrometheusMetrics(selector).measure(spec, WINDOW_SECONDS)
+    out = PrometheusMetrics(selector, policy=prometheus.policy()).measure(spec, WINDOW_SECONDS)
     return {m.metric: (m.phase, m.baseline, m.canary, m.message or "") for m in out}
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from kvcal.core.policy import Policy, PrometheusAccess
 from tests.support.prereq import require
 
 SCRAPE_INTERVAL_SECONDS = 1
@@ -64,10 +65,20 @@ class PrometheusServer:
     port: int
     process: subprocess.Popen[bytes] | None = None
     groups: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # Prometheus's own --web.config.file (TLS, basic auth): the API then answers only over HTTPS with credentials.
+    web_config: Path | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.web_config else 'http'}://127.0.0.1:{self.port}"
+
+    def access(self, name: str = "default") -> PrometheusAccess:
+        """This server as a cluster admin would configure it for the operator (chart values policy.prometheus.*)."""
+        return PrometheusAccess(name=name, address=self.url)
+
+    def policy(self) -> Policy:
+        """The operator's policy with this server as its default Prometheus."""
+        return Policy(prometheus_default=self.access())
 
     @property
     def targets_file(self) -> Path:
@@ -86,6 +97,7 @@ class PrometheusServer:
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--web.enable-lifecycle",
                 "--storage.tsdb.retention.time=2h",
+                *([f"--web.config.file={self.web_config}"] if self.web_config else []),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -96,6 +108,10 @@ class PrometheusServer:
         if self.process is not None and self.process.poll() is not None:
             log = (self.workdir / "prometheus.log").read_text(errors="replace")[-2000:]
             raise RuntimeError(f"prometheus exited with {self.process.returncode}:\n{log}")
+        if self.web_config:  # its API wants TLS and credentials: read its own word instead
+            return "Server is ready to receive web requests" in (self.workdir / "prometheus.log").read_text(
+                errors="replace"
+            )
         try:
             with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as r:
                 return bool(r.status == 200)

@@ -185,3 +185,23 @@ def test_http_probes_put_a_needle_at_the_context_the_servers_report() -> None:
         QualitySpec(), "http://baseline", "http://canary"
     )
     assert sent == ["2+2?", "2+2?"]  # a custom suite gets served-context needles only when it asks for them
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/chat/completions"])
+def test_an_error_answers_body_reaches_no_measurement_only_the_log(path: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue #23: the status code and a fixed text, never the body (it used to echo 300 characters into status)."""
+    secret = '{"AccessKeyId": "AKIAIOSFODNN7EXAMPLE", "SecretAccessKey": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"}'
+    healthy = _fake_vllm("m", "4", ["4"])
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == path:
+            return httpx.Response(500, text=secret)
+        return healthy.handle_request(request)
+
+    suite = Suite(name="t", probes=[Probe(id="a", kind="arithmetic", prompt="2+2?", expected="4")])
+    with caplog.at_level("WARNING", logger="kvcal.adapters.probes"):
+        (error,) = HttpProbes(suite, transport=httpx.MockTransport(handle)).run(QualitySpec(), "http://b", "http://c")
+    assert (error.metric, error.phase) == ("probes", "Error")
+    assert error.message == f"ProbeHTTPError: http://b{path}: HTTP 500 (the answer is in the operator's log)"
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert '"SecretAccessKey": "***"' in logged and "AKIA" not in logged and "wJalr" not in logged

@@ -109,3 +109,58 @@ when told to serve one namespace). Read-only; names of namespaces and CRDs only.
   resources: ["namespaces"]
   verbs: ["get", "list", "watch"]
 {{- end }}
+
+{{/*
+The Prometheus servers of policy.prometheus (the default first) as `kvcal operator run --prometheus` JSON, with the
+Secret volumes and read-only mounts their CA, client certificate and credentials come from (one folder per server,
+/etc/kvcal/prometheus/NAME/PART). Absent values (--reuse-values from a chart before them): kvcal 0.1's default
+address, which is the operator's own default too.
+*/}}
+{{- define "kvcal.prometheus" -}}
+{{- $policy := .Values.policy | default dict }}
+{{- $legacy := dict "name" "default" "address" "http://prometheus.monitoring:9090" }}
+{{- $default := dig "prometheus" "default" $legacy $policy }}
+{{- $servers := prepend (dig "prometheus" "additional" list $policy) $default }}
+{{- $out := dict "servers" list "volumes" list "mounts" list }}
+{{- $names := dict }}
+{{- range $i, $server := $servers }}
+{{- if hasKey $names $server.name }}
+{{- fail (printf "policy.prometheus: two servers are named %s (a spec picks one by name)" $server.name) }}
+{{- end }}
+{{- $_ := set $names $server.name true }}
+{{- $address := trimSuffix "/" $server.address }}
+{{- if hasKey $names $address }}
+{{- fail (printf "policy.prometheus: two servers have the address %s (a spec picks one by address)" $address) }}
+{{- end }}
+{{- $_ := set $names $address true }}
+{{- $dir := printf "/etc/kvcal/prometheus/%s" $server.name }}
+{{- $access := dict "name" $server.name "address" $server.address }}
+{{- /* Each part: the Secret named in the values, its keys and the --prometheus field each key's path goes to. */}}
+{{- $parts := list
+  (dict "part" "ca" "secret" (dig "tls" "caSecret" "" $server)
+        "files" (dict "ca.crt" "caFile"))
+  (dict "part" "client" "secret" (dig "tls" "clientCertSecret" "" $server)
+        "files" (dict "tls.crt" "certFile" "tls.key" "keyFile"))
+  (dict "part" "token" "secret" (dig "auth" "bearerTokenSecret" "" $server)
+        "files" (dict "token" "bearerTokenFile"))
+  (dict "part" "basic" "secret" (dig "auth" "basicAuthSecret" "" $server)
+        "files" (dict "username" "usernameFile" "password" "passwordFile")) }}
+{{- range $part := $parts }}
+{{- if $part.secret }}
+{{- $volume := printf "prometheus-%d-%s" $i $part.part }}
+{{- $items := list }}
+{{- range $key, $field := $part.files }}
+{{- $items = append $items (dict "key" $key "path" $key) }}
+{{- $_ := set $access $field (printf "%s/%s/%s" $dir $part.part $key) }}
+{{- end }}
+{{- /* defaultMode 0440: readable by the operator's group (fsGroup), by nobody else. */}}
+{{- $secret := dict "secretName" $part.secret "items" $items "defaultMode" 288 }}
+{{- $_ := set $out "volumes" (append $out.volumes (dict "name" $volume "secret" $secret)) }}
+{{- $mount := dict "name" $volume "mountPath" (printf "%s/%s" $dir $part.part) "readOnly" true }}
+{{- $_ := set $out "mounts" (append $out.mounts $mount) }}
+{{- end }}
+{{- end }}
+{{- $_ := set $out "servers" (append $out.servers $access) }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}

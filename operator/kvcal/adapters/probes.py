@@ -3,9 +3,11 @@ temperature 0, with logprobs; scored by ``kvcal.core.quality``. Implements ``kvc
 
 Each side's model id is read from its own ``/v1/models`` (the canary serves a different checkpoint path). A probe
 that both sides reject with HTTP 4xx (e.g. a needle longer than ``--max-model-len``) is skipped and named in the
-message; any other failure makes one Error measurement (it counts toward consecutiveErrorLimit).
+message; any other failure makes one Error measurement (it counts toward consecutiveErrorLimit). An error answer's
+body never reaches a measurement (the HTTP status does); it goes to the operator's log, redacted.
 """
 
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -14,17 +16,23 @@ import httpx
 
 from kvcal.core.analysis import error_measurement
 from kvcal.core.quality import Completion, ProbeResult, assess_quality
+from kvcal.core.redact import redact
 from kvcal.core.timestamps import rfc3339
 from kvcal.models.spec import AnalysisSpec, QualitySpec
 from kvcal.models.status import Measurement
 from kvcal.probes import Suite, at_served_context, builtin_suite, suite_from_configmap
 
 Api = Literal["chat", "completions"]
+log = logging.getLogger(__name__)
+LOGGED_BODY_CHARS = 1000
 
 
 class ProbeHTTPError(RuntimeError):
+    """An error answer: its status, never its body (that goes to the operator's log, redacted)."""
+
     def __init__(self, url: str, status: int, body: str) -> None:
-        super().__init__(f"{url}: HTTP {status}: {body[:300]}")
+        log.warning("probe %s answered HTTP %d: %s", url, status, redact(body[:LOGGED_BODY_CHARS]))
+        super().__init__(f"{url}: HTTP {status} (the answer is in the operator's log)")
         self.status = status
 
 
@@ -88,8 +96,10 @@ class HttpProbes:
     @staticmethod
     def model_card(client: httpx.Client, base_url: str) -> tuple[str, int | None]:
         """The served model's id and the longest context the server serves (vLLM's `max_model_len`, if given)."""
-        r = client.get(f"{base_url.rstrip('/')}/v1/models")
-        r.raise_for_status()
+        url = f"{base_url.rstrip('/')}/v1/models"
+        r = client.get(url)
+        if r.status_code != 200:
+            raise ProbeHTTPError(url, r.status_code, r.text)
         card = r.json()["data"][0]
         longest = card.get("max_model_len")
         return str(card["id"]), int(longest) if isinstance(longest, int) else None

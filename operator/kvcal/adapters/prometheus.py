@@ -1,19 +1,26 @@
-"""Metrics from Prometheus (prometheus-api-client): canary vs baseline over one window, assessed by the core.
+"""Metrics from Prometheus (its HTTP API over httpx): canary vs baseline over one window, assessed by the core.
 
 Implements ``kvcal.ports.Metrics``. Each query is rendered from ``kvcal.core.promql`` for each role; the canary's
-query is stored with its measurement (the baseline's differs only in its label matchers). An unreachable
-Prometheus gives one Error measurement (it counts toward consecutiveErrorLimit); a query that fails gives an Error
-measurement for that metric; an empty or NaN result is Inconclusive (decided by the core).
+query is stored with its measurement (the baseline's differs only in its label matchers). The Prometheus queried is
+the one the cluster admin configured that the spec picks (``kvcal.core.policy.resolve_prometheus``), with its CA,
+client certificate and credentials; certificates are always verified. A Prometheus that cannot be used (no answer,
+TLS refused, credentials refused) gives one Error measurement (it counts toward consecutiveErrorLimit); a query that
+fails gives an Error measurement for that metric; an empty or NaN result is Inconclusive (decided by the core).
+
+No answer's body reaches a measurement: errors say the HTTP status and a fixed description; the body goes to the
+operator's log, redacted.
 """
 
+import logging
+import ssl
 from collections.abc import Callable
+from contextlib import closing
 from datetime import UTC, datetime
 from functools import partial
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
-import requests
-from prometheus_api_client import PrometheusConnect
-from urllib3.util.retry import Retry
+import httpx
 
 from kvcal.core import promql
 from kvcal.core.analysis import (
@@ -27,15 +34,31 @@ from kvcal.core.analysis import (
     quantile_from_buckets,
 )
 from kvcal.core.capacity import KVCacheConfig, KVCacheReadings, parse_cache_config
+from kvcal.core.policy import Policy, PrometheusAccess, resolve_prometheus
 from kvcal.core.ranktest import assess_latency_check, look_number
+from kvcal.core.redact import redact
 from kvcal.core.saturation import Load, assess_saturation
 from kvcal.core.timestamps import rfc3339
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
 from kvcal.models.status import Measurement
 
+log = logging.getLogger(__name__)
+# How much of an error answer's body the log keeps (redacted): enough to see what the server said.
+LOGGED_BODY_CHARS = 1000
+# HTTP statuses of an error answer, each with the fixed description the status gets instead of the body.
+_DESCRIPTIONS = {
+    400: "the query was refused",
+    404: "no Prometheus API at this address",
+    422: "the query could not be executed",
+    503: "Prometheus is unavailable",
+}
+_RETRIED = (502, 503, 504)
+
 
 class QueryClient(Protocol):
     def custom_query(self, query: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]: ...
+
+    def close(self) -> None: ...
 
 
 class QueryError(RuntimeError):
@@ -43,24 +66,119 @@ class QueryError(RuntimeError):
 
 
 class Unreachable(RuntimeError):
-    """Prometheus did not answer at all."""
+    """Prometheus cannot be used at all: no answer, TLS failed, or it refused the operator's credentials."""
 
 
-def connect(address: str, timeout_seconds: int = 10) -> QueryClient:
-    # One quick retry: a reconcile must not stall on a dead Prometheus (the default retries back off for ~7 s).
-    retry = Retry(total=1, backoff_factor=0.1, status_forcelist=(502, 503, 504))
-    client: QueryClient = PrometheusConnect(url=address, disable_ssl=True, timeout=timeout_seconds, retry=retry)
-    return client
+def _read(path: str, what: str, access: PrometheusAccess) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        log.warning("Prometheus %s: cannot read its %s %s: %s", access.name, what, path, exc)
+        raise Unreachable(f"Prometheus {access.name!r}: its {what} cannot be read (see the operator's log)") from exc
+
+
+def _tls_context(access: PrometheusAccess) -> ssl.SSLContext:
+    """Certificates verified against the configured CA (else the system's), hostname included; never disabled."""
+    try:
+        context = ssl.create_default_context(cafile=access.ca_file)
+        if access.cert_file and access.key_file:
+            context.load_cert_chain(access.cert_file, access.key_file)
+    except (OSError, ssl.SSLError) as exc:
+        log.warning("Prometheus %s: cannot load its CA or client certificate: %s", access.name, exc)
+        raise Unreachable(
+            f"Prometheus {access.name!r}: its CA or client certificate cannot be loaded (see the operator's log)"
+        ) from exc
+    return context
+
+
+def _transport_failure(access: PrometheusAccess, exc: httpx.TransportError) -> Unreachable:
+    """A fixed description of why no answer came (the exception's text, with its URL, goes to the log)."""
+    log.warning("Prometheus %s at %s: %s: %s", access.name, access.address, type(exc).__name__, exc)
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, ssl.SSLError):
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        why = "its TLS certificate is not trusted (the configured CA) or does not name its address"
+    elif cause is not None or "SSL" in str(exc) or "certificate" in str(exc):
+        why = "the TLS handshake failed"
+    elif isinstance(exc, httpx.TimeoutException):
+        why = "no answer within the timeout"
+    else:
+        why = "connection failed"
+    return Unreachable(f"Prometheus {access.name!r} unreachable: {why}")
+
+
+class PrometheusClient:
+    """Instant queries to one configured Prometheus. Redirects are not followed (an answer elsewhere would be a URL
+    nobody configured) and the environment's proxies and .netrc are ignored: only the configured address and
+    credentials are used."""
+
+    def __init__(self, access: PrometheusAccess, timeout_seconds: float = 10) -> None:
+        self.access = access
+        headers: dict[str, str] = {}
+        auth: tuple[str, str] | None = None
+        if access.bearer_token_file:
+            headers["Authorization"] = f"Bearer {_read(access.bearer_token_file, 'bearerTokenFile', access)}"
+        if access.username_file and access.password_file:
+            auth = (
+                _read(access.username_file, "usernameFile", access),
+                _read(access.password_file, "passwordFile", access),
+            )
+        self._url = access.address.rstrip("/") + "/api/v1/query"
+        self._http = httpx.Client(
+            verify=_tls_context(access),
+            auth=auth,
+            headers=headers,
+            timeout=timeout_seconds,
+            follow_redirects=False,
+            trust_env=False,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def custom_query(self, query: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        for attempt in range(2):  # one retry, no more: a reconcile must not stall on a dead Prometheus
+            try:
+                response = self._http.get(self._url, params={"query": query, **(params or {})})
+            except httpx.TransportError as exc:
+                if attempt == 0:
+                    continue
+                raise _transport_failure(self.access, exc) from None
+            if response.status_code not in _RETRIED or attempt == 1:
+                break
+        return self._result(response, query)
+
+    def _result(self, response: httpx.Response, query: str) -> list[dict[str, Any]]:
+        code, name = response.status_code, self.access.name
+        if code == 200:
+            try:
+                body = response.json()
+                result = body["data"]["result"] if body.get("status") == "success" else None
+            except (ValueError, KeyError, TypeError, AttributeError):
+                result = None
+            if isinstance(result, list):
+                return result
+        log.warning(
+            "Prometheus %s answered HTTP %d to %s: %s",
+            name, code, query, redact(response.text[:LOGGED_BODY_CHARS]),
+        )  # fmt: skip
+        if code == 200:
+            raise QueryError(f"Prometheus {name!r} answered HTTP 200 with an unexpected body (see the operator's log)")
+        if code in (401, 403):
+            raise Unreachable(f"Prometheus {name!r} refused the operator's credentials (HTTP {code})")
+        if 300 <= code < 400:
+            raise Unreachable(f"Prometheus {name!r} answered with a redirect (HTTP {code}), which is not followed")
+        raise QueryError(f"Prometheus {name!r} answered HTTP {code}: {_DESCRIPTIONS.get(code, 'an error')}")
+
+
+def connect(access: PrometheusAccess, timeout_seconds: int = 10) -> QueryClient:
+    return PrometheusClient(access, timeout_seconds)
 
 
 def run_query(client: QueryClient, expression: str) -> list[dict[str, Any]]:
-    """An instant query's series; Unreachable when Prometheus cannot be reached, QueryError when it refuses."""
-    try:
-        return client.custom_query(expression)
-    except (requests.ConnectionError, requests.Timeout) as exc:
-        raise Unreachable(f"Prometheus unreachable: {type(exc).__name__}: {exc}") from exc
-    except Exception as exc:  # prometheus-api-client raises its own exception types for HTTP errors
-        raise QueryError(f"{type(exc).__name__}: {exc}") from exc
+    """An instant query's series; Unreachable when Prometheus cannot be used, QueryError when it refuses the query."""
+    return client.custom_query(expression)
 
 
 def scalar(client: QueryClient, query: str) -> float | None:
@@ -101,21 +219,32 @@ class PrometheusMetrics:
 
     ``estimator="buckets"`` (default) reads the per-bucket rates and estimates quantiles with
     ``quantile_from_buckets`` (unbiased ratios on vLLM's wide buckets); ``"histogram_quantile"`` asks Prometheus
-    for the quantile, as a Grafana panel would.
+    for the quantile, as a Grafana panel would. ``policy``: the Prometheus servers the operator may query (chart
+    values policy.prometheus.*); a spec that picks none of them gets an Error measurement and nothing is fetched.
     """
 
     def __init__(
         self,
         selector: promql.Selector,
         *,
+        policy: Policy | None = None,
         estimator: Estimator = "buckets",
-        connect: Callable[[str], QueryClient] = connect,
+        connect: Callable[[PrometheusAccess], QueryClient] = connect,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._selector = selector
+        self._policy = policy or Policy()
         self._estimator = estimator
         self._connect = connect
         self._clock = clock
+
+    def _client(self, spec: AnalysisSpec) -> QueryClient:
+        access = resolve_prometheus(spec.prometheus, self._policy)
+        if access is None:  # decide() refuses the spec too; here, nothing is fetched meanwhile
+            raise Unreachable(
+                "spec.analysis.prometheus: not a Prometheus the operator may query (see the spec's status)"
+            )
+        return self._connect(access)
 
     def _pair(
         self,
@@ -172,7 +301,17 @@ class PrometheusMetrics:
         window = promql.format_window(window_seconds)
         step_seconds = window_seconds if step_seconds is None else max(window_seconds, step_seconds)
         step_window, look = promql.format_window(step_seconds), look_number(spec, step_seconds)
-        client = self._connect(spec.prometheus.address)
+        try:
+            client = self._client(spec)
+        except Unreachable as exc:
+            return [error_measurement("prometheus", str(exc), at=at)]
+        with closing(client):
+            return self._measure(client, spec, (window, step_window), look, at)
+
+    def _measure(
+        self, client: QueryClient, spec: AnalysisSpec, windows: tuple[str, str], look: int, at: str
+    ) -> list[Measurement]:
+        window, step_window = windows
         out: list[Measurement] = []
         try:
             b, c, q = self._pair(client, lambda s: promql.render_named("requests", s, window))
@@ -235,15 +374,15 @@ class PrometheusMetrics:
 
     def kv_cache(self, spec: AnalysisSpec) -> KVCacheReadings:
         """The KV cache configuration each role's pods report (vllm:cache_config_info)."""
-        client = self._connect(spec.prometheus.address)
         configs: list[tuple[KVCacheConfig, ...]] = []
         query = ""
         roles: tuple[promql.Role, ...] = ("baseline", "canary")
         try:
-            for role in roles:
-                query = promql.render_kv_cache_config(self._selector.for_role(role))
-                parsed = (parse_cache_config(labels) for labels in series_labels(client, query))
-                configs.append(tuple(config for config in parsed if config is not None))
+            with closing(self._client(spec)) as client:
+                for role in roles:
+                    query = promql.render_kv_cache_config(self._selector.for_role(role))
+                    parsed = (parse_cache_config(labels) for labels in series_labels(client, query))
+                    configs.append(tuple(config for config in parsed if config is not None))
         except (Unreachable, QueryError) as exc:
             return KVCacheReadings(query=query, error=str(exc))
         return KVCacheReadings(baseline=configs[0], canary=configs[1], query=query)

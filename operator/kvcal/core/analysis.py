@@ -22,6 +22,7 @@ from datetime import datetime
 from statistics import NormalDist
 from typing import Literal
 
+from kvcal.core.redact import redact
 from kvcal.core.timestamps import parse_rfc3339, rfc3339
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
 from kvcal.models.status import MAX_MEASUREMENTS, AnalysisStatus, Measurement
@@ -198,8 +199,9 @@ def informational(metric: str, baseline: float | None, canary: float | None, *, 
 
 
 def error_measurement(metric: str, error: str, *, at: str, query: str | None = None) -> Measurement:
-    """The measurement could not be taken (Prometheus down, HTTP error): counts toward consecutiveErrorLimit."""
-    return Measurement(metric=metric, phase="Error", at=at, query=query, message=error[:500])
+    """The measurement could not be taken (Prometheus down, HTTP error): counts toward consecutiveErrorLimit. The
+    adapters put no answer's body in `error`; redact is the second line for anything else that lands here."""
+    return Measurement(metric=metric, phase="Error", at=at, query=query, message=redact(error)[:500])
 
 
 def _finite(value: float | None) -> float | None:

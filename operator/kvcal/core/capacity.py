@@ -17,6 +17,7 @@ most (BF16-equivalent) tokens: one canary pod without FP8 is enough to fail.
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kvcal.core.redact import redact
 from kvcal.models.spec import CapacityCheck
 from kvcal.models.status import CapacityStatus, KVCacheRole, Measurement
 
@@ -122,7 +123,7 @@ def assess_capacity(check: CapacityCheck, readings: KVCacheReadings, at: str) ->
         )
 
     if readings.error:
-        return measurement("Error", readings.error[:500])
+        return measurement("Error", redact(readings.error)[:500])  # the adapter's fixed text; redact: second line
     absent = [role for role, configs in (("baseline", readings.baseline), ("canary", readings.canary)) if not configs]
     if absent:
         return measurement(

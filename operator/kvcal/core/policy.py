@@ -10,21 +10,63 @@ refuses a spec with violations before any child exists. docs/security.md explain
 
 from dataclasses import dataclass
 
-from pydantic import field_validator
+from pydantic import Field, field_validator, model_validator
 
 from kvcal.core import vllm_allowlist
 from kvcal.core.manifests.common import DEFAULT_CALIBRATOR_IMAGE, Location, clean_path, locate
+from kvcal.core.redact import redact
 from kvcal.models.base import Model
-from kvcal.models.spec import KVCalibrationSpec
+from kvcal.models.spec import DNS_LABEL_PATTERN, PROMETHEUS_URL_PATTERN, KVCalibrationSpec, PrometheusRef
 
 # The chart values that open the policy (charts/kvcal/values.yaml; a unit test checks they exist there).
 HOST_PATH_ENABLED_VALUE = "policy.hostPath.enabled"
 HOST_PATH_PREFIXES_VALUE = "policy.hostPath.allowedPrefixes"
 IMAGE_PREFIXES_VALUE = "policy.calibratorImage.allowedPrefixes"
 VLLM_FLAGS_VALUE = "policy.vllmFlags.allowed"
+PROMETHEUS_DEFAULT_VALUE = "policy.prometheus.default"
+PROMETHEUS_ADDITIONAL_VALUE = "policy.prometheus.additional"
+# kvcal 0.1's CRD default of spec.analysis.prometheus.address, stored in every object created then: the chart's default
+# Prometheus is this address too, so those objects keep working (docs/operations.md, Upgrade).
+DEFAULT_PROMETHEUS_ADDRESS = "http://prometheus.monitoring:9090"
 # Characters that end an image's repository part: a prefix must stop at one (ghcr.io/org matches ghcr.io/org/x and
 # ghcr.io/org:1, never ghcr.io/organisation).
 _IMAGE_SEPARATORS = "/:@"
+
+
+class PrometheusAccess(Model):
+    """One Prometheus the operator may query, as a cluster admin configured it (chart values policy.prometheus.*): its
+    address and how to reach it. The files are the chart's mounts of Secrets of the operator's namespace, read at
+    every connection, so a rotated Secret is used without a restart."""
+
+    name: str = Field(max_length=63, pattern=DNS_LABEL_PATTERN)
+    address: str = Field(max_length=1024, pattern=PROMETHEUS_URL_PATTERN)
+    ca_file: str | None = None  # PEM bundle that signs the server's certificate; None: the image's system CAs
+    cert_file: str | None = None  # client certificate and its key, for a Prometheus that asks for one
+    key_file: str | None = None
+    bearer_token_file: str | None = None  # Authorization: Bearer <the file's content>
+    username_file: str | None = None  # basic auth
+    password_file: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "PrometheusAccess":
+        where = f"Prometheus {self.name!r}"
+        if "@" in self.address.partition("://")[2].split("/")[0]:
+            raise ValueError(f"{where}: credentials belong in a Secret, not in the address")
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError(f"{where}: a client certificate needs both its certificate and its key")
+        if (self.username_file is None) != (self.password_file is None):
+            raise ValueError(f"{where}: basic auth needs both a username and a password")
+        if self.bearer_token_file is not None and self.username_file is not None:
+            raise ValueError(f"{where}: a bearer token or basic auth, not both")
+        tls_or_secrets = (self.ca_file, self.cert_file, self.bearer_token_file, self.username_file)
+        if any(f is not None for f in tls_or_secrets) and not self.address.startswith("https://"):
+            # Over plain HTTP the credentials would cross the network in clear, and a CA would check nothing.
+            raise ValueError(f"{where}: credentials and TLS settings need an https:// address")
+        return self
+
+    def has_address(self, address: str) -> bool:
+        """The exact address (a trailing / aside: it names the same API root)."""
+        return address.rstrip("/") == self.address.rstrip("/")
 
 
 class Policy(Model):
@@ -36,6 +78,10 @@ class Policy(Model):
     host_path_prefixes: tuple[str, ...] = ()
     # vLLM flags spec.serving.canary.extraArgs may pass (canonical long names; core.vllm_allowlist).
     vllm_flags_allowed: tuple[str, ...] = vllm_allowlist.DEFAULT_ALLOWED
+    # The Prometheus an analysis queries when its spec names none, and the others a spec may pick (by name or exact
+    # address); no other URL is ever fetched.
+    prometheus_default: PrometheusAccess = PrometheusAccess(name="default", address=DEFAULT_PROMETHEUS_ADDRESS)
+    prometheus_additional: tuple[PrometheusAccess, ...] = ()
 
     @field_validator("host_path_prefixes")
     @classmethod
@@ -59,6 +105,19 @@ class Policy(Model):
         if problems:
             raise ValueError(f"{VLLM_FLAGS_VALUE}: " + "; ".join(problems))
         return flags
+
+    @model_validator(mode="after")
+    def _prometheus_unambiguous(self) -> "Policy":
+        # A spec picks one by name or by address: each must name exactly one.
+        servers = self.prometheus_servers
+        for what, keys in (("name", [s.name for s in servers]), ("address", [s.address.rstrip("/") for s in servers])):
+            if len(set(keys)) != len(keys):
+                raise ValueError(f"{PROMETHEUS_ADDITIONAL_VALUE}: two Prometheus servers have the same {what}")
+        return self
+
+    @property
+    def prometheus_servers(self) -> tuple[PrometheusAccess, ...]:
+        return (self.prometheus_default, *self.prometheus_additional)
 
 
 @dataclass(frozen=True)
@@ -143,6 +202,39 @@ def _overlaps(model: Location, dataset: Location, output: Location) -> list[Viol
     return found
 
 
+def resolve_prometheus(ref: PrometheusRef, policy: Policy) -> PrometheusAccess | None:
+    """The configured Prometheus `ref` picks (by name, by exact address, both naming the same one, or neither: the
+    default); None when it picks none. The operator then queries that entry's address with its credentials, never a
+    string from the spec."""
+    by_name = next((s for s in policy.prometheus_servers if s.name == ref.name), None)
+    by_address = next((s for s in policy.prometheus_servers if ref.address and s.has_address(ref.address)), None)
+    if ref.name is not None and ref.address is not None:
+        return by_name if by_name is not None and by_name == by_address else None
+    if ref.name is not None:
+        return by_name
+    if ref.address is not None:
+        return by_address
+    return policy.prometheus_default
+
+
+def _prometheus_violation(ref: PrometheusRef, policy: Policy) -> Violation | None:
+    if resolve_prometheus(ref, policy) is not None:
+        return None
+    name_ok = ref.name is not None and resolve_prometheus(PrometheusRef(name=ref.name), policy) is not None
+    address_ok = ref.address is not None and resolve_prometheus(PrometheusRef(address=ref.address), policy) is not None
+    if name_ok and address_ok:
+        field = "spec.analysis.prometheus"
+        return Violation(field, f"{field}: name and address pick two different Prometheus servers; set one")
+    if ref.name is not None and not name_ok:
+        field, picked = "spec.analysis.prometheus.name", repr(ref.name)
+    else:
+        field, picked = "spec.analysis.prometheus.address", redact(str(ref.address))[:200]
+    known = ", ".join(f"{s.name} ({s.address})" for s in policy.prometheus_servers)
+    hint = _allow_hint(f"{PROMETHEUS_ADDITIONAL_VALUE} (or {PROMETHEUS_DEFAULT_VALUE})")
+    message = f"{field}: {picked} is not a Prometheus the operator may query (configured: {known}); {hint}"
+    return Violation(field, message, PROMETHEUS_ADDITIONAL_VALUE)
+
+
 def extra_args_violations(args: list[str], policy: Policy) -> list[Violation]:
     """The extraArgs the allow-list does not let through. Checked on every pass (a tightened policy rolls back what
     runs) and again right before promotion writes them into the baseline (core.lifecycle)."""
@@ -191,4 +283,7 @@ def check(spec: KVCalibrationSpec, policy: Policy) -> list[Violation]:
         )
         found.append(Violation(field, message, IMAGE_PREFIXES_VALUE))
     found += extra_args_violations(spec.serving.canary.extra_args, policy)
+    prometheus = _prometheus_violation(spec.analysis.prometheus, policy)
+    if prometheus is not None:
+        found.append(prometheus)
     return found

@@ -8,21 +8,25 @@ import importlib
 import logging
 from typing import Any
 
+from kvcal.core.policy import Policy
 from kvcal.ports import Kube, Metrics, Probes, Router, Target
 
 log = logging.getLogger(__name__)
 
 
 class ClusterBackends:
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, policy: Policy | None = None) -> None:
         self.kube = kube
+        # The operator's policy: the Prometheus servers it may query (chart values policy.prometheus.*).
+        self.policy = policy or Policy()
 
     def metrics(self, target: Target) -> Metrics | None:
         from kvcal.adapters.prometheus import PrometheusMetrics
         from kvcal.core.promql import pod_regex_selector
 
         baseline = target.spec.serving.baseline.deployment
-        return PrometheusMetrics(pod_regex_selector(target.namespace, baseline, target.canary_deployment))
+        selector = pod_regex_selector(target.namespace, baseline, target.canary_deployment)
+        return PrometheusMetrics(selector, policy=self.policy)
 
     def probes(self, target: Target) -> Probes | None:
         from kvcal.adapters.probes import HttpProbes, load_suite

@@ -11,7 +11,7 @@ from kubernetes import client, config
 from pydantic import ValidationError
 
 from kvcal.core.manifests.common import DEFAULT_CALIBRATOR_IMAGE
-from kvcal.core.policy import Policy
+from kvcal.core.policy import DEFAULT_PROMETHEUS_ADDRESS, Policy, PrometheusAccess
 from kvcal.core.vllm_allowlist import DEFAULT_ALLOWED
 
 if TYPE_CHECKING:
@@ -81,6 +81,16 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
         help="the vLLM flags spec.serving.canary.extraArgs may pass, comma-separated long names, e.g. "
         "--max-num-seqs,--enforce-eager; empty: none (default: kvcal's tuning flags, docs/security.md)",
     )
+    run.add_argument(
+        "--prometheus",
+        action="append",
+        default=[],
+        metavar="JSON",
+        help="a Prometheus the analysis may query, e.g. "
+        '\'{"name": "default", "address": "https://prometheus.monitoring:9090", "caFile": "/path/ca.crt"}\' '
+        "(also certFile, keyFile, bearerTokenFile, usernameFile, passwordFile); repeatable, the first is the one a "
+        f"spec that names none uses (default: default at {DEFAULT_PROMETHEUS_ADDRESS})",
+    )
     run.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: $KUBECONFIG, in-cluster")
     run.add_argument("--verbose", "-v", action="store_true")
     run.set_defaults(func=_run)
@@ -102,11 +112,16 @@ def _api_client(kubeconfig: str | None) -> client.ApiClient:
 
 def policy_from_args(args: argparse.Namespace) -> Policy:
     """The security policy from the flags the chart's policy.* values become (templates/deployment.yaml)."""
+    # --prometheus, repeated: the first is the default; none given: the policy's own default (kvcal 0.1's address).
+    prometheus = [PrometheusAccess.model_validate_json(server) for server in args.prometheus]
+    prometheus = prometheus or [Policy().prometheus_default]
     return Policy(
         calibrator_image=args.calibrator_image,
         calibrator_image_prefixes=tuple(args.allow_calibrator_image_prefix),
         host_path_prefixes=tuple(args.allow_hostpath_prefix),
         vllm_flags_allowed=_vllm_flags(args.allowed_vllm_flags),
+        prometheus_default=prometheus[0],
+        prometheus_additional=tuple(prometheus[1:]),
     )
 
 
@@ -138,7 +153,7 @@ def _run(args: argparse.Namespace) -> int:
     reconciler = Reconciler(
         kube,
         clock=lambda: datetime.now(UTC),
-        backends=ClusterBackends(kube),
+        backends=ClusterBackends(kube, policy),
         metrics=OperatorMetrics(),
         policy=policy,
     )

@@ -279,7 +279,11 @@ class ServingSpec(SpecModel):
 
 
 class PrometheusRef(SpecModel):
-    address: str = Field(default="http://prometheus.monitoring:9090", max_length=1024, pattern=PROMETHEUS_URL_PATTERN)
+    # One of the Prometheus servers a cluster admin configured (chart values policy.prometheus.*), picked by name or by
+    # its exact address; neither: the chart's default. Any other pick is refused (core.policy): the author never
+    # chooses what the operator fetches.
+    name: str | None = Field(default=None, max_length=63, pattern=DNS_LABEL_PATTERN)
+    address: str | None = Field(default=None, max_length=1024, pattern=PROMETHEUS_URL_PATTERN)
 
 
 class LatencyCheck(SpecModel):
