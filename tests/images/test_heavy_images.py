@@ -105,6 +105,10 @@ def test_stock_vllm_image_reads_back_the_scales_with_the_bundle(
     assert calibration.exit_code == 0, "needs the calibrator image's checkpoint"
     podman.build("vllm-cpu")
     harness("vllm-openai")  # the stand-in for the stock vllm/vllm-openai:v0.32.0; the verifier image is not built
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('kvcal') is not None)"
+    no_kvcal = podman("run", "--rm", "--entrypoint", "python3", "docker.io/vllm/vllm-openai:v0.32.0", "-c", probe,
+                      check=False, timeout=300)  # fmt: skip
+    assert no_kvcal.returncode == 0, f"the stock image's stand-in must not contain kvcal: {no_kvcal.stderr[-2000:]}"
     spec = demo_spec(IMAGES["calibrator"].tag)
     baseline_container: dict[str, Any] = {"name": "vllm", "image": "vllm/vllm-openai:v0.32.0"}
     job = build_verification_job(OWNER, spec, spec_hash(spec), baseline_container, {"containers": [baseline_container]})

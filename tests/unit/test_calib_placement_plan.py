@@ -53,17 +53,19 @@ def test_the_defaults_fit_an_8b_model_on_one_80gb_gpu() -> None:
 
 def test_a_70b_model_spreads_over_the_pods_gpus_in_order() -> None:
     plan = plan_placement("auto", LLAMA_70B, working_bytes(LLAMA_70B, DEFAULT_SEQ), [H100] * 4, POD_MEMORY)
-    assert plan.path == "several-devices" and plan.devices == ("cuda:0", "cuda:1", "cuda:2", "cuda:3")
+    assert plan.path == "several-devices" and plan.devices == ("cuda:0", "cuda:1", "cuda:2")  # 3 of 4 suffice
     budgets = list(plan.weight_budgets.values())
-    assert sum(budgets) == LLAMA_70B.weight_bytes
-    assert budgets[0] >= budgets[1] > 0 and plan.host_weight_bytes == 0
+    assert sum(budgets[:-1]) < LLAMA_70B.weight_bytes <= sum(budgets)  # every GPU named is needed
+    assert plan.host_weight_bytes == 0
+    two_h200 = plan_placement("auto", LLAMA_70B, working_bytes(LLAMA_70B, DEFAULT_SEQ), [141 * 10**9] * 4, POD_MEMORY)
+    assert two_h200.path == "several-devices" and two_h200.devices == ("cuda:0", "cuda:1")
 
 
 def test_a_70b_model_on_one_gpu_goes_layer_by_layer_with_host_memory_bounded() -> None:
     plan = plan_placement("auto", LLAMA_70B, working_bytes(LLAMA_70B, DEFAULT_SEQ), [H100], POD_MEMORY)
     assert plan.path == "layer-by-layer" and plan.devices == ("cuda:0",)
     on_gpu = plan.weight_budgets["cuda:0"]
-    assert on_gpu + plan.host_weight_bytes + plan.disk_weight_bytes == LLAMA_70B.weight_bytes
+    assert on_gpu < H100 and on_gpu + plan.host_weight_bytes + plan.disk_weight_bytes == LLAMA_70B.weight_bytes
     assert plan.host_weight_bytes == POD_MEMORY - HOST_RESERVE_BYTES  # never more than the pod holds
     assert plan.disk_weight_bytes > 0
     roomy = plan_placement("auto", LLAMA_70B, working_bytes(LLAMA_70B, DEFAULT_SEQ), [H100], 256 * GIB)

@@ -40,7 +40,9 @@ class Placement:
 
     path: PlacementPath
     devices: tuple[str, ...]  # where the layers compute, first = where the inputs go
-    weight_budgets: dict[str, int] = field(default_factory=dict)  # device -> bytes of weights kept there
+    # device -> bytes the weights may take there (accelerate's max_memory: it fills the devices in order, module by
+    # module; a budget of exactly the weights' bytes would leave no slack for its own accounting)
+    weight_budgets: dict[str, int] = field(default_factory=dict)
     host_weight_bytes: int = 0  # weights kept in host memory (layer by layer: onloaded per forward)
     disk_weight_bytes: int = 0  # weights beyond the host budget, read from local disk per forward
     why: str = ""
@@ -97,27 +99,28 @@ def plan_placement(
     budgets = [max(int(total * DEVICE_MEMORY_SHARE) - working, 0) for total in accelerators]
     names = tuple(f"cuda:{index}" for index in range(len(accelerators)))
     if weights <= budgets[0]:
-        return Placement("one-device", names[:1], {names[0]: weights}, why="the weights fit one accelerator")
+        return Placement("one-device", names[:1], {names[0]: budgets[0]}, why="the weights fit one accelerator")
     if len(accelerators) > 1 and weights <= sum(budgets):
+        used = _devices_filled(weights, names, budgets)
         return Placement(
             "several-devices",
-            names,
-            _fill(weights, dict(zip(names, budgets, strict=True))),
-            why=f"the weights fit {len(names)} accelerators together, not one",
+            used,
+            dict(zip(used, budgets, strict=False)),
+            why=f"the weights fit {len(used)} accelerators together, not one",
         )
     return _layer_by_layer(info, working, names, budgets, host_bytes)
 
 
-def _fill(weights: int, budgets: dict[str, int]) -> dict[str, int]:
-    """Weights per device when filled in order (accelerate's device_map 'auto' does the same, module by module)."""
-    placed: dict[str, int] = {}
+def _devices_filled(weights: int, names: tuple[str, ...], budgets: list[int]) -> tuple[str, ...]:
+    """The devices accelerate's device_map 'auto' fills, in order, until the weights are placed."""
+    used: list[str] = []
     left = weights
-    for name, budget in budgets.items():
-        take = min(left, budget)
-        if take:
-            placed[name] = take
-        left -= take
-    return placed
+    for name, budget in zip(names, budgets, strict=True):
+        if left <= 0:
+            break
+        used.append(name)
+        left -= budget
+    return tuple(used)
 
 
 def _layer_by_layer(
@@ -129,14 +132,13 @@ def _layer_by_layer(
             f"one decoder layer ({largest_layer / GIB:.1f} GiB) with one sample's working set ({working / GIB:.1f} "
             f"GiB) does not fit {names[0]}: lower spec.calibration.maxSeqLength, or use GPUs with more memory"
         )
-    on_devices = _fill(info.weight_bytes, dict(zip(names, budgets, strict=True)))
-    left = info.weight_bytes - sum(on_devices.values())
+    left = info.weight_bytes - sum(budgets)
     host_budget = max(host_bytes - HOST_RESERVE_BYTES, 0)
     host = min(left, host_budget)
     return Placement(
         "layer-by-layer",
-        tuple(on_devices) or names[:1],
-        on_devices,
+        names,
+        dict(zip(names, budgets, strict=True)),
         host_weight_bytes=host,
         disk_weight_bytes=left - host,
         why=f"the weights ({info.weight_bytes / GIB:.1f} GiB) exceed the accelerators' memory",

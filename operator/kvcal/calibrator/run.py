@@ -351,7 +351,7 @@ def calibrate(config: CalibrationConfig, placement: Placement | None = None) -> 
     with timer.step("import transformers" + (" and llm-compressor" if oneshot_reason else "")):
         if oneshot_reason:
             import llmcompressor  # noqa: F401
-        import transformers  # noqa: F401
+        from transformers import AutoModelForCausalLM  # noqa: F401  # the import's cost, not the load's
     offload_dir = Path(tempfile.mkdtemp(prefix="kvcal-offload-"))  # weights beyond host memory, layer by layer
     try:
         with timer.step("load model"):
