@@ -20,7 +20,7 @@ from torch import nn
 from kvcal.calibrator.config import CalibrationConfig
 from kvcal.calibrator.data import Sample
 from kvcal.calibrator.evaluate import ScaleSet, per_head_scales, per_tensor_scales
-from kvcal.calibrator.placement import input_device
+from kvcal.calibrator.placement import SAVE_SHARD_BYTES, input_device
 from kvcal.calibrator.recipe import kv_cache_scheme
 from kvcal.calibrator.taps import KINDS, TensorStats, attention_layers
 
@@ -95,7 +95,7 @@ def save(model: nn.Module, config: CalibrationConfig) -> None:
     # LM head) as separate tensors, which save_pretrained would write twice.
     names = source_tensor_names(config.model_dir)
     state = {key: value for key, value in model.state_dict().items() if key in names or key.endswith(SCALE_SUFFIXES)}
-    model.save_pretrained(config.out, state_dict=state, max_shard_size="20GB")  # type: ignore[operator]
+    model.save_pretrained(config.out, state_dict=state, max_shard_size=SAVE_SHARD_BYTES)  # type: ignore[operator]
     # llm-compressor too puts the original config.json back (vLLM loads it more reliably than transformers' re-save)
     shutil.copy2(config.model_dir / "config.json", config.out / "config.json")
     compressor.update_config(str(config.out))

@@ -30,6 +30,9 @@ PlacementPath = Literal["cpu", "one-device", "several-devices", "layer-by-layer"
 DEVICE_MEMORY_SHARE = 0.9
 # Host memory kept free beside the weights (Python, torch, tokenizer, the dataset, the report).
 HOST_RESERVE_BYTES = 4 << 30
+# The checkpoint's largest safetensors file: saving a model with offloaded layers gathers one whole shard in host
+# memory (transformers warns of it), so layer by layer keeps that much free too.
+SAVE_SHARD_BYTES = 20 * 10**9
 DTYPE = "bfloat16"
 GIB = 1 << 30
 
@@ -133,7 +136,7 @@ def _layer_by_layer(
             f"GiB) does not fit {names[0]}: lower spec.calibration.maxSeqLength, or use GPUs with more memory"
         )
     left = info.weight_bytes - sum(budgets)
-    host_budget = max(host_bytes - HOST_RESERVE_BYTES, 0)
+    host_budget = max(host_bytes - HOST_RESERVE_BYTES - SAVE_SHARD_BYTES, 0)
     host = min(left, host_budget)
     return Placement(
         "layer-by-layer",
