@@ -270,6 +270,19 @@ def dataset_configmap(lines: int = 12) -> dict[str, Any]:
     }
 
 
+def start_held(w: "World", model_dir: Path, name: str, **spec: Any) -> dict[str, Any]:
+    """One baseline pod, the dataset and a KVCalibration applied, its Jobs held until the test finishes them; returns
+    the baseline Deployment as applied, once the KVCalibration is Calibrating."""
+    model_dir.mkdir()
+    w.kubelet.hold("calibration", "verification")
+    deployment, service = baseline(model_dir, replicas=1)
+    for manifest in (deployment, service, dataset_configmap()):
+        w.apply(manifest)  # kubectl apply: client-side, as a person or Argo CD by default
+    w.apply(kvcalibration(name, model_dir, w.out, **spec))
+    w.wait_phase(name, "Calibrating", 60)
+    return deployment
+
+
 def kvcalibration(name: str, model_dir: Path, out: Path, **spec: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": {"source": f"hostpath://{model_dir}"},

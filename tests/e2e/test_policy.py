@@ -24,9 +24,7 @@ from tests.e2e.test_lifecycle import (
     FakeBackends,
     OperatorThread,
     World,
-    baseline,
-    dataset_configmap,
-    kvcalibration,
+    start_held,
     world,
 )
 from tests.support.chart import CHART, Release, helm, install_chart, operator_policy, release_name, uninstall_chart
@@ -229,15 +227,8 @@ def test_a_policy_tightened_between_canary_and_promotion_writes_nothing_into_pro
     operator restarts with the new value) and someone asks for the promotion: the baseline is left as it was, the
     canary is removed, and the status names the flag and the chart value."""
     w, name = world, "tightened"
-    model = tmp_path / "model"
-    model.mkdir()
-    w.kubelet.hold("calibration", "verification")
-    deployment, service = baseline(model, replicas=1)
-    for manifest in (deployment, service, dataset_configmap()):
-        w.apply(manifest)
     extra_args = ["--max-num-seqs", "8", "--enforce-eager"]
-    w.apply(kvcalibration(name, model, w.out, serving={"canary": {"extraArgs": extra_args}}))  # promotion: manual
-    w.wait_phase(name, "Calibrating", 60)
+    start_held(w, tmp_path / "model", name, serving={"canary": {"extraArgs": extra_args}})  # promotion: manual
     terminate_job_pod(w.kube, w.namespace, name, "calibration", CALIBRATION_SUMMARY)
     w.wait_phase(name, "Verifying", 60)
     terminate_job_pod(w.kube, w.namespace, name, "verification", VERIFICATION_SUMMARY)

@@ -16,7 +16,7 @@ from tests.e2e.test_argocd import (
     promoted,
     promotion_patch,
 )
-from tests.e2e.test_lifecycle import World, baseline, condition, dataset_configmap, kvcalibration, world
+from tests.e2e.test_lifecycle import World, condition, start_held, world
 from tests.support.cluster import wait_for
 
 __all__ = ["world"]  # the fixture, imported for pytest
@@ -33,13 +33,7 @@ def promoted_reason(w: World) -> str | None:
 def test_promotion_owns_only_its_fields_and_a_manual_revert_is_reported(world: World, tmp_path: Path) -> None:
     w = world
     model = tmp_path / "model"
-    model.mkdir()
-    w.kubelet.hold("calibration", "verification")
-    deployment, service = baseline(model, replicas=1)
-    for manifest in (deployment, service, dataset_configmap()):
-        w.apply(manifest)  # kubectl apply: client-side, as a person or Argo CD by default
-    w.apply(kvcalibration(NAME, model, w.out, promotion={"mode": "auto"}))
-    w.wait_phase(NAME, "Calibrating", 60)
+    deployment = start_held(w, model, NAME, promotion={"mode": "auto"})
     finish_job(w, "calibration", CALIBRATION_SUMMARY)
     w.wait_phase(NAME, "Verifying", 60)
     finish_job(w, "verification", VERIFICATION_SUMMARY)
@@ -71,13 +65,7 @@ def test_promotion_patch_applied_by_its_owner_completes_the_promotion(world: Wor
     waits in AwaitingPromotion, never writes the baseline, and finishes once the baseline carries the promotion."""
     w = world
     model = tmp_path / "model"
-    model.mkdir()
-    w.kubelet.hold("calibration", "verification")
-    deployment, service = baseline(model, replicas=1)
-    for manifest in (deployment, service, dataset_configmap()):
-        w.apply(manifest)
-    w.apply(kvcalibration(NAME, model, w.out))  # promotion.mode: manual
-    w.wait_phase(NAME, "Calibrating", 60)
+    deployment = start_held(w, model, NAME)  # promotion.mode: manual
     finish_job(w, "calibration", CALIBRATION_SUMMARY)
     w.wait_phase(NAME, "Verifying", 60)
     finish_job(w, "verification", VERIFICATION_SUMMARY)
