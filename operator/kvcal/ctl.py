@@ -17,17 +17,15 @@ from pydantic import BaseModel, ValidationError
 
 from kvcal.adapters.kube import GROUP, PLURAL, VERSION
 from kvcal.core.observations import ABORT_ANNOTATION, PROMOTE_ANNOTATION, RECALIBRATE_ANNOTATION, RETRY_ANNOTATION
-from kvcal.core.phases import ACTIVE, RETRYABLE
+from kvcal.core.phases import LIFECYCLE, Lifecycle
 from kvcal.core.timestamps import rfc3339
 from kvcal.models.spec import AnalysisSpec, TrafficSpec
 from kvcal.models.status import (
-    TERMINAL_PHASES,
     CapacityStatus,
     Condition,
     KVCacheRole,
     KVCalibrationStatus,
     Measurement,
-    Phase,
 )
 
 ANNOTATIONS = {
@@ -35,13 +33,6 @@ ANNOTATIONS = {
     "abort": ABORT_ANNOTATION,
     "retry": RETRY_ANNOTATION,
     "recalibrate": RECALIBRATE_ANNOTATION,
-}
-# Phases in which the operator acts on each annotation (others: it is kept until then, or ignored).
-ACTS_IN: dict[str, frozenset[Phase]] = {
-    "promote": frozenset({Phase.AWAITING_PROMOTION}),
-    "abort": ACTIVE,
-    "retry": RETRYABLE,
-    "recalibrate": TERMINAL_PHASES,
 }
 SectionT = TypeVar("SectionT", bound=BaseModel)
 HELP = {
@@ -156,7 +147,18 @@ def _section(model: type[SectionT], value: Any) -> SectionT:
         return model()
 
 
-def render_status(obj: dict[str, Any]) -> str:
+def _phase_section(status: KVCalibrationStatus, lifecycle: Lifecycle) -> tuple[str, list[str]]:
+    """The phase, the machine it belongs to, and which commands the operator acts on now (core.phases)."""
+    head = f"Phase: {status.phase}" + (f"  since {status.phase_started_at}" if status.phase_started_at else "")
+    lines = [status.message] if status.message else []
+    if status.phase not in lifecycle:
+        return head + " (unknown to this kvcal)", lines
+    commands = [command for command in ANNOTATIONS if status.phase in lifecycle.acts_on(command)]
+    lines.append(f"commands acted on now: {', '.join(commands) or 'none'}")
+    return f"{head} ({lifecycle[status.phase].machine})", lines
+
+
+def render_status(obj: dict[str, Any], lifecycle: Lifecycle = LIFECYCLE) -> str:
     """The tree `kvcal status` prints (pure: the object as the API serves it)."""
     meta, spec = obj.get("metadata", {}), obj.get("spec", {})
     st = KVCalibrationStatus.model_validate(obj.get("status") or {})
@@ -165,8 +167,7 @@ def render_status(obj: dict[str, Any]) -> str:
     analysis = st.analysis
     limits = _section(AnalysisSpec, spec.get("analysis"))
     sections: list[tuple[str, list[str]]] = [
-        (f"Phase: {st.phase.value}" + (f"  since {st.phase_started_at}" if st.phase_started_at else ""),
-         [st.message] if st.message else []),
+        _phase_section(st, lifecycle),
         ("Conditions", [_condition_line(each) for each in st.conditions]),
         ("Calibration", [f"{key}: {value}" for key, value in st.calibration.to_wire().items()]),
         ("Verification", [f"{key}: {value}" for key, value in st.verification.to_wire().items()]),
@@ -193,7 +194,7 @@ def render_status(obj: dict[str, Any]) -> str:
         last = last_interval(analysis.measurements)
         sections.append((f"Last measurements ({last[0].at})", [_measurement_line(measurement) for measurement in last]))
     if st.history:
-        sections.append(("History", [f"{entry.at} {entry.phase.value}: {entry.reason}" for entry in st.history[-5:]]))
+        sections.append(("History", [f"{entry.at} {entry.phase}: {entry.reason}" for entry in st.history[-5:]]))
     sections = [(head, children) for head, children in sections if children or head.startswith("Phase")]
     header = f"KVCalibration {meta.get('namespace', '?')}/{meta.get('name', '?')}"
     header += f" (generation {meta.get('generation', '?')}, observed {st.observed_generation or '-'})"
@@ -218,8 +219,8 @@ def annotate(action: str) -> Callable[[argparse.Namespace], int]:
             print(f"KVCalibration {args.name!r} not found in namespace {namespace!r}", file=sys.stderr)
             return 1
         phase = (obj.get("status") or {}).get("phase", "Pending")
-        if phase not in ACTS_IN[action]:
-            wanted = ", ".join(sorted(ACTS_IN[action]))
+        if phase not in LIFECYCLE.acts_on(action):
+            wanted = ", ".join(sorted(LIFECYCLE.acts_on(action)))
             print(f"note: phase is {phase}; the operator acts on {action} in {wanted}", file=sys.stderr)
         key = ANNOTATIONS[action]
         now = rfc3339(datetime.now(UTC))

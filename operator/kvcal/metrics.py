@@ -68,10 +68,10 @@ class OperatorMetrics:
             "1 while this replica holds the leader-election Lease (--leader-elect)",
             registry=self.registry,
         )
-        self._phases: dict[tuple[str, str], Phase] = {}
+        self._phases: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
-        for phase in Phase:
-            self.objects.labels(phase=phase.value).set(0)
+        for phase in Phase:  # every CRD phase has a series from the start, at 0
+            self.objects.labels(phase=str(phase)).set(0)
 
     def reconciled(self, result: str, seconds: float) -> None:
         self.reconciles.labels(result=result).inc()
@@ -83,8 +83,8 @@ class OperatorMetrics:
     def warned(self, reason: str) -> None:
         self.warnings.labels(reason=reason).inc()
 
-    def phase_left(self, phase: Phase, seconds: float) -> None:
-        self.phase_seconds.labels(phase=phase.value).observe(max(0.0, seconds))
+    def phase_left(self, phase: str, seconds: float) -> None:
+        self.phase_seconds.labels(phase=str(phase)).observe(max(0.0, seconds))
 
     def set_reverted(self, namespace: str, name: str, reverted: bool) -> None:
         if reverted:
@@ -96,7 +96,7 @@ class OperatorMetrics:
     def set_leader(self, leading: bool) -> None:
         self.leader.set(1 if leading else 0)
 
-    def set_phase(self, namespace: str, name: str, phase: Phase | None) -> None:
+    def set_phase(self, namespace: str, name: str, phase: str | None) -> None:
         """Record the phase of one object (None: it is gone) and update the per-phase gauge (O(1): every pass calls
         this, and recounting every object made a pass O(objects))."""
         if phase is None:
@@ -108,9 +108,9 @@ class OperatorMetrics:
             if before == phase:
                 return
             if before is not None:
-                self.objects.labels(phase=before.value).dec()
+                self.objects.labels(phase=str(before)).dec()
             if phase is not None:
-                self.objects.labels(phase=phase.value).inc()
+                self.objects.labels(phase=str(phase)).inc()
 
     def set_capacity(self, namespace: str, name: str, capacity: CapacityStatus | None) -> None:
         """The KV capacity of one object's roles (None: the object is gone); a role without a value has no series."""

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from kvcal.core.artifact.verification import verification_result
 from kvcal.core.manifests import (
     Owner,
     build_calibration_configmap,
@@ -24,7 +25,6 @@ from kvcal.core.manifests import (
 )
 from kvcal.core.observations import JobState
 from kvcal.core.spechash import spec_hash
-from kvcal.core.verification import verification_result
 from kvcal.devenv.controlplane import free_port
 from kvcal.devenv.images import IMAGES
 from kvcal.models.spec import KVCalibrationSpec
@@ -91,7 +91,7 @@ def calibration(podman: Podman, models_pvc: Path, tmp_path_factory: pytest.TempP
 def test_calibrator_image_runs_the_calibration_job(calibration: PodRun, models_pvc: Path) -> None:
     assert calibration.exit_code == 0, calibration.logs[-4000:]
     summary = json.loads(calibration.termination_message)
-    # The operator's reading of the termination message (core/lifecycle.py, Calibrating -> Verifying).
+    # The operator's reading of the termination message (core/artifact/machine.py, Calibrating -> Verifying).
     status = CalibrationStatus.model_validate({k: v for k, v in summary.items() if k in CALIBRATION_SUMMARY_FIELDS})
     assert status.samples and status.k_scale_max and status.v_scale_max
     checkpoint = models_pvc / "smollm2-fp8kv"

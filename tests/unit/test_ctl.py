@@ -6,8 +6,9 @@ import pytest
 
 from kvcal.adapters.router import weighted_rules
 from kvcal.core.decide import decide
+from kvcal.core.phases import LIFECYCLE
 from kvcal.core.spechash import spec_hash
-from kvcal.ctl import ACTS_IN, ANNOTATIONS, render_status
+from kvcal.ctl import ANNOTATIONS, render_status
 from kvcal.models.status import CalibrationStatus, KVCalibrationStatus, Phase
 from tests.unit.test_decide_support import NOW, observations
 from tests.unit.test_decide_support import spec as make_spec
@@ -94,4 +95,4 @@ def test_ctl_says_the_operator_acts_exactly_where_decide_does(phase: Phase, acti
     warned = ignored in [event.reason for event in decision.events]
     # An abort seen in RollingBack is its own effect seen again after a restart: cleared without a warning.
     rolling_back_again = action == "abort" and phase == Phase.ROLLING_BACK
-    assert warned == (phase not in ACTS_IN[action] and not rolling_back_again)
+    assert warned == (phase not in LIFECYCLE.acts_on(action) and not rolling_back_again)

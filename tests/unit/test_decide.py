@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kvcal.core.decide import OBSERVES, decide, measurement_due, next_measurement_at
+from kvcal.core.decide import decide, measurement_due, next_measurement_at
 from kvcal.core.manifests import calibration_job_name, canary_name, verification_job_name
 from kvcal.core.observations import (
     ABORT_ANNOTATION,
@@ -15,7 +15,6 @@ from kvcal.core.observations import (
     RETRY_ANNOTATION,
     Apply,
     ApplyOwnedFields,
-    ClearAnnotations,
     Create,
     Decision,
     Delete,
@@ -24,7 +23,7 @@ from kvcal.core.observations import (
     Patch,
     SetWeight,
 )
-from kvcal.core.phases import ALLOWED, IllegalTransition, check_transition
+from kvcal.core.phases import LIFECYCLE, IllegalTransition
 from kvcal.core.spechash import spec_hash
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import (
@@ -108,7 +107,7 @@ class Case:
 
 
 def summarize(d: Decision) -> list[str]:
-    out = []
+    out = [f"Clear {key}" for key in d.cleared_annotations]
     for a in d.actions:
         match a:
             case Create(manifest=mf) | Apply(manifest=mf) | ApplyOwnedFields(manifest=mf):
@@ -117,8 +116,6 @@ def summarize(d: Decision) -> list[str]:
                 out.append(f"{type(a).__name__} {k}/{n}")
             case SetWeight(weight=w):
                 out.append(f"SetWeight {w}")
-            case ClearAnnotations(keys=keys):
-                out.append(f"Clear {','.join(keys)}")
     return out
 
 
@@ -428,16 +425,16 @@ OBSERVED_FIELDS = ("calibration_job", "verification_job", "canary", "baseline", 
 
 
 def observed(start: Phase, **fields: Any) -> Observations:
-    """What the reconciler passes in phase `start`: the fields OBSERVES names; the others None."""
+    """What the reconciler passes in phase `start`: the fields the descriptor names; the others None."""
     obs = observations(**fields)
-    unread: dict[str, Any] = dict.fromkeys(f for f in OBSERVED_FIELDS if f not in OBSERVES[start])
+    unread: dict[str, Any] = dict.fromkeys(f for f in OBSERVED_FIELDS if f not in LIFECYCLE.observes(start))
     return replace(obs, **unread)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_transition(case: Case) -> None:
     for f in case.obs:
-        assert f in ("gates", "measurements") or f in OBSERVES[case.start.phase], (
+        assert f in ("gates", "measurements") or f in LIFECYCLE.observes(case.start.phase), (
             f"{f} is not read in {case.start.phase}"
         )
     d = decide(case.spec, case.start, observed(case.start.phase, **case.obs), NOW)
@@ -459,15 +456,15 @@ def test_every_phase_has_cases() -> None:
 
 @pytest.mark.parametrize(("src", "dst"), list(itertools.product(Phase, Phase)), ids=lambda p: str(p))
 def test_transition_table(src: Phase, dst: Phase) -> None:
-    if src == dst or dst in ALLOWED[src]:
-        check_transition(src, dst)
+    if src == dst or dst in LIFECYCLE[src].next:
+        LIFECYCLE.check_transition(src, dst)
     else:
         with pytest.raises(IllegalTransition, match=f"{src} -> {dst}"):
-            check_transition(src, dst)
+            LIFECYCLE.check_transition(src, dst)
 
 
 def test_promotion_never_rolls_back() -> None:
-    assert P.ROLLING_BACK not in ALLOWED[P.PROMOTING]
+    assert P.ROLLING_BACK not in LIFECYCLE[P.PROMOTING].next
     d = decide(SPEC, status(P.PROMOTING), observations(gates={ABORT_ANNOTATION: "1"}), NOW)
     assert d.status.phase == P.PROMOTING
     assert [e.reason for e in d.events] == ["AbortIgnored"]

@@ -9,8 +9,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from kvcal.core.conditions import get_condition
-from kvcal.core.decide import OBSERVES, decide
+from kvcal.core.decide import decide
 from kvcal.core.observations import DeploymentState, Observations
+from kvcal.core.phases import LIFECYCLE
 from kvcal.core.redact import redact
 from kvcal.core.spechash import spec_hash
 from kvcal.metrics import OperatorMetrics
@@ -101,7 +102,7 @@ def test_decide_never_raises_on_odd_observations(phase: Phase) -> None:
                 d = decide(spec_variant, started(phase), obs, NOW)
             except Exception as e:  # pragma: no cover - the assertion message is the point
                 pytest.fail(f"{phase} with baseline {baseline_name}, {others_name}: {type(e).__name__}: {e}")
-            assert d.status.phase in Phase
+            assert d.status.phase in LIFECYCLE
             if odd_baseline is not None and odd_baseline.replicas == 0 and phase == P.DEPLOYING:
                 assert "0 replicas" in (d.status.message or "")
 
@@ -117,7 +118,7 @@ def test_an_invalid_spec_never_raises_and_never_restarts_a_finished_run(phase: P
 
 
 def test_observes_covers_every_phase() -> None:
-    assert set(OBSERVES) == set(Phase)
+    assert set(LIFECYCLE.phases) == set(Phase)
 
 
 # --- a failed pass ----------------------------------------------------------------------------------------------

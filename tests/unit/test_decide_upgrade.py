@@ -12,7 +12,7 @@ from kvcal.core.inuse import output_in_use
 from kvcal.core.manifests import build_promoted_baseline, calibration_job_name, verification_job_name
 from kvcal.core.manifests.canary import fp8_pod_spec
 from kvcal.core.manifests.common import serving_verification_job_name
-from kvcal.core.observations import RECALIBRATE_ANNOTATION, ClearAnnotations, Create, Delete, DeploymentState
+from kvcal.core.observations import RECALIBRATE_ANNOTATION, Create, Delete, DeploymentState
 from kvcal.core.spechash import effective_spec_hash, legacy_spec_hash, spec_hash
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import (
@@ -125,7 +125,7 @@ def test_recalibrate_annotation_starts_over_from_a_terminal_phase() -> None:
     d = decide(spec(), succeeded(), observations(gates=gates), NOW)
     assert d.status.phase == P.PENDING and d.status.calibration == CalibrationStatus()
     assert d.status.serving == ServingStatus()
-    assert ClearAnnotations((RECALIBRATE_ANNOTATION,)) in d.actions
+    assert RECALIBRATE_ANNOTATION in d.cleared_annotations
     assert Delete("Job", calibration_job_name(OWNER.name, H)) in d.actions
     assert d.events[-1].reason == "Recalibrate"
 
@@ -135,7 +135,7 @@ def test_recalibrate_annotation_is_ignored_while_active() -> None:
     gates = {RECALIBRATE_ANNOTATION: "x"}
     d = decide(spec(), start, observations(gates=gates, calibration_job=job("j")), NOW)
     assert d.status.phase == P.CALIBRATING and [e.reason for e in d.events] == ["RecalibrateIgnored"]
-    assert ClearAnnotations((RECALIBRATE_ANNOTATION,)) in d.actions
+    assert RECALIBRATE_ANNOTATION in d.cleared_annotations
 
 
 # --- never calibrate into what the baseline serves --------------------------------------------------------------

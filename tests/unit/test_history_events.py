@@ -7,7 +7,7 @@ import pytest
 
 from kvcal.core.decide import decide
 from kvcal.core.events import history_event_name
-from kvcal.core.observations import ABORT_ANNOTATION, PROMOTE_ANNOTATION, ClearAnnotations
+from kvcal.core.observations import ABORT_ANNOTATION, PROMOTE_ANNOTATION
 from kvcal.core.spechash import spec_hash
 from kvcal.models.status import CalibrationStatus, HistoryEntry, KVCalibrationStatus, Phase
 from kvcal.ports import Manifest
@@ -70,5 +70,5 @@ def test_a_gate_seen_again_after_a_restart_is_cleared_without_a_warning(phase: P
     """Killed after writing the phase a gate caused, before clearing the gate: the restart does not say "ignored"."""
     status = KVCalibrationStatus(phase=phase, calibration=CalibrationStatus(job="j", spec_hash=spec_hash(spec())))
     d = decide(spec(), status, observations(gates={gate: "1"}), NOW)
-    assert ClearAnnotations((gate,)) in d.actions
+    assert gate in d.cleared_annotations
     assert not [e for e in d.events if e.reason.endswith("Ignored")]

@@ -1,4 +1,4 @@
-"""Issue #11: a promotion that a sync or a person reverts is reported (core.reverts), not Succeeded forever."""
+"""Issue #11: a promotion that a sync or a person reverts is reported (core.rollout.reverts), not Succeeded forever."""
 
 import copy
 from dataclasses import replace
@@ -9,7 +9,7 @@ from kvcal.core.decide import decide
 from kvcal.core.manifests import calibration_job_name
 from kvcal.core.manifests.canary import PROMOTED_ANNOTATION
 from kvcal.core.observations import DeploymentState
-from kvcal.core.reverts import args_managers, is_reverted
+from kvcal.core.rollout.reverts import args_managers, is_reverted
 from kvcal.core.spechash import spec_hash
 from kvcal.models.status import CalibrationStatus, KVCalibrationStatus, Phase
 from tests.unit.test_decide_support import NOW, OWNER, baseline, baseline_manifest, observations, spec

@@ -1,11 +1,18 @@
 """A finished run (Succeeded, RolledBack, Failed) never restarts by itself: a spec change is reported in the
-SpecCurrent condition, and `kvcal recalibrate` (annotation kvcal.dev/recalibrate) starts over on demand."""
+SpecCurrent condition, and `kvcal recalibrate` (annotation kvcal.dev/recalibrate) starts over on demand; start_over is
+also what a change of the calibration inputs does to active work."""
 
 from kvcal.core.conditions import get_condition
-from kvcal.core.lifecycle import Builder, start_over
+from kvcal.core.draft import Builder
+from kvcal.core.rollout.canary import remove_children
 from kvcal.models.status import (
-    TERMINAL_PHASES,
+    AnalysisStatus,
+    CalibrationStatus,
+    CanaryStatus,
+    CapacityStatus,
     Phase,
+    ServingStatus,
+    VerificationStatus,
 )
 
 
@@ -33,10 +40,29 @@ def spec_changed_when_done(draft: Builder, old: str, current_hash: str) -> None:
 def recalibrate(draft: Builder) -> None:
     """`kvcal recalibrate`: calibrate anew from the current spec; only a terminal object (an active one restarts on
     a spec change by itself, or is aborted first)."""
-    if draft.phase not in TERMINAL_PHASES:
+    if draft.phase not in draft.lifecycle.names("terminal"):
         draft.event(
             "Warning", "RecalibrateIgnored", f"nothing to recalibrate in phase {draft.phase}: abort it or let it end"
         )
         return
     start_over(draft, "Recalibrate", "recalibrating")
     draft.move(Phase.PENDING, "Recalibrate", "kvcal.dev/recalibrate: calibrating anew from the current spec")
+
+
+def start_over(draft: Builder, reason: str, message: str) -> None:
+    """Forget every step's result and remove every child, before moving back to Pending (a spec change of the
+    calibration inputs, or `kvcal recalibrate`)."""
+    remove_children(draft, include_jobs=True)
+    draft.update(
+        calibration=CalibrationStatus(),
+        verification=VerificationStatus(),
+        canary=CanaryStatus(),
+        analysis=AnalysisStatus(),
+        serving=ServingStatus(),
+        capacity=CapacityStatus(),
+    )
+    for step in ("Calibrated", "ScalesVerified", "CanaryReady", "AnalysisPassed", "Promoted"):
+        draft.condition(step, "Unknown", reason, message)
+    for optional in ("SpecCurrent", "ServingVerified"):
+        if get_condition(draft.status.conditions, optional) is not None:
+            draft.condition(optional, "Unknown", reason, message)

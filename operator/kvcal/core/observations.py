@@ -118,12 +118,7 @@ class SetWeight:
     weight: int
 
 
-@dataclass(frozen=True)
-class ClearAnnotations:
-    keys: tuple[str, ...]
-
-
-Action = Create | Apply | Patch | ApplyOwnedFields | Delete | SetWeight | ClearAnnotations
+Action = Create | Apply | Patch | ApplyOwnedFields | Delete | SetWeight
 
 
 @dataclass(frozen=True)
@@ -139,3 +134,7 @@ class Decision:
     actions: tuple[Action, ...]
     requeue_after: float | None
     events: tuple[Event, ...]
+    # Command annotations to remove once the status is written (not an action: actions run before the write).
+    cleared_annotations: tuple[str, ...] = ()
+    # An exception no handler foresaw, turned into a Blocked status: the reconciler logs its traceback.
+    unexpected: Exception | None = field(default=None, compare=False)

@@ -1,57 +1,191 @@
-"""The KVCalibration lifecycle as a table of allowed phase transitions.
+"""Every phase of the KVCalibration lifecycle, declared once.
 
-decide() may only move a KVCalibration along an edge of ALLOWED; `check_transition` is the guard it calls, so an
-illegal move is a bug that surfaces as an exception in unit tests instead of a silently corrupted status.
+Each PhaseDescriptor says which machine owns the phase (core.artifact makes a verified checkpoint, core.rollout
+serves it), the handler that does its work, what the reconciler must read for it, how long to wait when nothing
+wakes the operator, which phases it may move to, and its flags. decide(), the reconciler, `kvcal status` and the
+command annotations read this table and nothing else: adding a phase is one entry here plus its handler.
+
+An illegal move raises IllegalTransition: a bug in unit tests; in the operator decide() turns it, like any other
+exception no handler foresaw, into a Blocked status (the traceback goes to the log).
 """
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from kvcal.core.artifact import machine as artifact
+from kvcal.core.draft import Builder
+from kvcal.core.rollout import machine as rollout
+from kvcal.core.rollout.watch import watch_promoted
+from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import Phase
 
-# Phases in which the user can still abort (a rollback is meaningful) and in which a spec change restarts the work.
-ACTIVE = frozenset({Phase.CALIBRATING, Phase.VERIFYING, Phase.DEPLOYING, Phase.ANALYZING, Phase.AWAITING_PROMOTION})
-# Phases in which `kvcal retry` re-runs the analysis or the pipeline.
-RETRYABLE = frozenset({Phase.ROLLED_BACK, Phase.FAILED})
+# (draft, the spec with defaults resolved, the effective spec hash of the calibration inputs)
+Handler = Callable[[Builder, KVCalibrationSpec, str], None]
+# Where the handler lives; "shared": an end either machine reaches (Failed) or the spec itself (InvalidSpec).
+Machine = Literal["artifact", "rollout", "shared"]
+# What a phase can read: the Observations fields the reconciler fills only when a phase names them.
+Observed = Literal["calibration_job", "verification_job", "baseline", "baseline_service", "canary", "routed_weight"]
+# The commands (annotations kvcal.dev/<command>) and the flag that says where the operator acts on each.
+COMMAND_FLAGS = {"promote": "promotable", "abort": "abortable", "retry": "retryable", "recalibrate": "terminal"}
 
-ALLOWED: dict[Phase, frozenset[Phase]] = {
-    Phase.PENDING: frozenset({Phase.CALIBRATING, Phase.INVALID_SPEC}),
-    Phase.CALIBRATING: frozenset(
-        {Phase.VERIFYING, Phase.FAILED, Phase.ROLLING_BACK, Phase.PENDING, Phase.INVALID_SPEC}
-    ),
-    Phase.VERIFYING: frozenset({Phase.DEPLOYING, Phase.FAILED, Phase.ROLLING_BACK, Phase.PENDING, Phase.INVALID_SPEC}),
-    # Deploying -> Analyzing when the canary of the current step is ready.
-    Phase.DEPLOYING: frozenset({Phase.ANALYZING, Phase.FAILED, Phase.ROLLING_BACK, Phase.PENDING, Phase.INVALID_SPEC}),
-    # Analyzing -> Deploying when a traffic step passed and the next step needs more canary replicas.
-    Phase.ANALYZING: frozenset(
-        {
-            Phase.DEPLOYING,
-            Phase.PROMOTING,
-            Phase.AWAITING_PROMOTION,
-            Phase.ROLLING_BACK,
-            Phase.PENDING,
-            Phase.INVALID_SPEC,
-        }
-    ),
-    Phase.AWAITING_PROMOTION: frozenset({Phase.PROMOTING, Phase.ROLLING_BACK, Phase.PENDING, Phase.INVALID_SPEC}),
-    # Once the baseline starts rolling there is no way back: promotion finishes (or fails), it never rolls back.
-    Phase.PROMOTING: frozenset({Phase.SUCCEEDED, Phase.FAILED}),
-    Phase.ROLLING_BACK: frozenset({Phase.ROLLED_BACK}),
-    # Terminal phases never restart by themselves (a spec change only sets SpecCurrent=False): `kvcal recalibrate`
-    # starts over; `kvcal retry` re-runs the analysis (RolledBack) or the whole pipeline (Failed).
-    Phase.SUCCEEDED: frozenset({Phase.PENDING}),
-    Phase.ROLLED_BACK: frozenset({Phase.DEPLOYING, Phase.PENDING}),
-    Phase.FAILED: frozenset({Phase.PENDING, Phase.DEPLOYING}),
-    Phase.INVALID_SPEC: frozenset({Phase.PENDING}),
-}
+
+@dataclass(frozen=True)
+class PhaseDescriptor:
+    phase: str
+    machine: Machine
+    handler: Handler
+    # What the reconciler reads in this phase, covering the phases a pass chains into (Analyzing -> Promoting,
+    # Deploying -> RollingBack, ...); gates and spec changes never chain, so a pass never acts on what it did not read.
+    observes: frozenset[Observed]
+    # How long to wait when nothing wakes the operator earlier (None: only a watch event or a spec change does).
+    poll_seconds: float | None
+    next: frozenset[str]
+    active: bool = False  # work in progress: a spec change restarts it, a policy refusal rolls it back
+    abortable: bool = False  # `kvcal abort` rolls back
+    serving: bool = False  # a canary may take user traffic: drained before anything starts over
+    promotable: bool = False  # `kvcal promote` promotes
+    terminal: bool = False  # finished: never restarts by itself; `kvcal recalibrate` starts over
+    retryable: bool = False  # `kvcal retry` re-runs the analysis or the pipeline
 
 
 class IllegalTransition(ValueError):
-    """decide() tried to move along an edge that is not in ALLOWED."""
+    """A move along an edge that is not in the descriptor."""
 
 
-def is_allowed(src: Phase, dst: Phase) -> bool:
-    return src == dst or dst in ALLOWED[src]
+@dataclass(frozen=True)
+class Lifecycle:
+    """The descriptor as a whole, and every table derived from it."""
+
+    phases: Mapping[str, PhaseDescriptor]
+
+    def __post_init__(self) -> None:
+        for descriptor in self.phases.values():
+            unknown = descriptor.next - set(self.phases)
+            if unknown:
+                raise ValueError(f"phase {descriptor.phase} may move to undeclared phases {sorted(unknown)}")
+
+    def __getitem__(self, phase: str) -> PhaseDescriptor:
+        return self.phases[phase]
+
+    def __contains__(self, phase: object) -> bool:
+        return phase in self.phases
+
+    def names(self, flag: str) -> frozenset[str]:
+        """The phases with `flag` set (active, terminal, ...)."""
+        return frozenset(name for name, descriptor in self.phases.items() if getattr(descriptor, flag))
+
+    def acts_on(self, command: str) -> frozenset[str]:
+        """The phases in which the operator acts on the annotation kvcal.dev/<command>."""
+        return self.names(COMMAND_FLAGS[command])
+
+    def observes(self, phase: str) -> frozenset[Observed]:
+        """What the reconciler reads; nothing for a phase it does not know (decide() then says so)."""
+        descriptor = self.phases.get(phase)
+        return descriptor.observes if descriptor is not None else frozenset()
+
+    def poll_seconds(self, phase: str) -> float | None:
+        return self.phases[phase].poll_seconds
+
+    def is_allowed(self, source: str, target: str) -> bool:
+        return source == target or target in self.phases[source].next
+
+    def check_transition(self, source: str, target: str) -> None:
+        if not self.is_allowed(source, target):
+            allowed = ", ".join(sorted(self.phases[source].next)) or "none"
+            raise IllegalTransition(f"illegal phase transition {source} -> {target} (allowed from {source}: {allowed})")
+
+    def with_phases(self, *descriptors: PhaseDescriptor) -> "Lifecycle":
+        """A copy with `descriptors` added or replaced (a new phase, or a phase that may now move to it)."""
+        return Lifecycle({**self.phases, **{descriptor.phase: descriptor for descriptor in descriptors}})
+
+    def edited(self, phase: str, **changes: object) -> PhaseDescriptor:
+        return replace(self.phases[phase], **changes)  # type: ignore[arg-type]
 
 
-def check_transition(src: Phase, dst: Phase) -> None:
-    if not is_allowed(src, dst):
-        allowed = ", ".join(sorted(ALLOWED[src])) or "none"
-        raise IllegalTransition(f"illegal phase transition {src} -> {dst} (allowed from {src}: {allowed})")
+def _terminal(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> None:
+    draft.wait(draft.status.message or "", None)
+
+
+def _declare(*descriptors: PhaseDescriptor) -> Lifecycle:
+    return Lifecycle({descriptor.phase: descriptor for descriptor in descriptors})
+
+
+def _to(*phases: Phase) -> frozenset[str]:
+    return frozenset(phases)
+
+
+def _reads(*fields: Observed) -> frozenset[Observed]:
+    return frozenset(fields)
+
+
+# Leaving the work: a spec change or `kvcal recalibrate` starts over, an invalid spec stops, an abort rolls back.
+_RESTARTS = (Phase.PENDING, Phase.INVALID_SPEC)
+_ABORTS = (Phase.ROLLING_BACK, *_RESTARTS)
+
+P = Phase
+LIFECYCLE = _declare(
+    # --- the artifact machine: a calibrated, verified checkpoint (core.artifact) ---
+    PhaseDescriptor(
+        P.PENDING, "artifact", artifact.pending,
+        # the baseline: never calibrate into what it serves
+        _reads("calibration_job", "baseline"), 1.0, _to(P.CALIBRATING, P.INVALID_SPEC),
+    ),
+    PhaseDescriptor(
+        P.CALIBRATING, "artifact", artifact.calibrating,
+        # a vanished Job is re-created: same guard. Job events wake the operator, so it polls slowly.
+        _reads("calibration_job", "baseline"), 60.0, _to(P.VERIFYING, P.FAILED, *_ABORTS),
+        active=True, abortable=True,
+    ),
+    PhaseDescriptor(
+        P.VERIFYING, "artifact", artifact.verifying,
+        _reads("verification_job", "baseline"), 30.0, _to(P.DEPLOYING, P.FAILED, *_ABORTS),
+        active=True, abortable=True,
+    ),
+    # --- the rollout machine: the verified checkpoint as a canary, then promoted (core.rollout) ---
+    PhaseDescriptor(
+        # Deploying -> Analyzing when the canary of the current step is ready.
+        P.DEPLOYING, "rollout", rollout.deploying,
+        _reads("canary", "baseline", "baseline_service", "routed_weight"), 15.0,
+        _to(P.ANALYZING, P.FAILED, *_ABORTS),
+        active=True, abortable=True, serving=True,
+    ),
+    PhaseDescriptor(
+        # Analyzing -> Deploying when a traffic step passed and the next step needs more canary replicas.
+        P.ANALYZING, "rollout", rollout.analyzing,
+        _reads("canary", "baseline", "baseline_service", "routed_weight"), 5.0,
+        _to(P.DEPLOYING, P.PROMOTING, P.AWAITING_PROMOTION, *_ABORTS),
+        active=True, abortable=True, serving=True,
+    ),
+    PhaseDescriptor(
+        P.AWAITING_PROMOTION, "rollout", rollout.awaiting_promotion,
+        _reads("canary", "baseline", "routed_weight"), 300.0, _to(P.PROMOTING, *_ABORTS),
+        active=True, abortable=True, serving=True, promotable=True,
+    ),
+    PhaseDescriptor(
+        # Once the baseline starts rolling there is no way back: promotion finishes (or fails), it never rolls back.
+        # The baseline's watch events wake the operator too; the poll is the floor while it rolls out.
+        P.PROMOTING, "rollout", rollout.promoting,
+        _reads("canary", "baseline", "routed_weight"), 5.0, _to(P.SUCCEEDED, P.FAILED),
+    ),
+    PhaseDescriptor(
+        # Reached from any active phase of either machine: it stops running Jobs and drains the canary.
+        P.ROLLING_BACK, "rollout", rollout.rolling_back,
+        _reads("canary", "calibration_job", "verification_job", "routed_weight"), 2.0, _to(P.ROLLED_BACK),
+    ),
+    # Terminal phases never restart by themselves (a spec change only sets SpecCurrent=False): `kvcal recalibrate`
+    # starts over; `kvcal retry` re-runs the analysis (RolledBack) or the whole pipeline (Failed).
+    PhaseDescriptor(
+        # Watches the promotion: reverts, and a new vLLM image or backend re-verifies (core.rollout.watch).
+        P.SUCCEEDED, "rollout", watch_promoted, _reads("baseline"), None, _to(P.PENDING), terminal=True,
+    ),
+    PhaseDescriptor(
+        P.ROLLED_BACK, "rollout", _terminal, _reads(), None, _to(P.DEPLOYING, P.PENDING),
+        terminal=True, retryable=True,
+    ),
+    PhaseDescriptor(
+        P.FAILED, "shared", _terminal, _reads(), None, _to(P.PENDING, P.DEPLOYING), terminal=True, retryable=True,
+    ),
+    # --- the spec itself: nothing runs until it is valid again ---
+    PhaseDescriptor(P.INVALID_SPEC, "shared", _terminal, _reads(), None, _to(P.PENDING)),
+)  # fmt: skip

@@ -237,7 +237,7 @@ def _prometheus_violation(ref: PrometheusRef, policy: Policy) -> Violation | Non
 
 def extra_args_violations(args: list[str], policy: Policy) -> list[Violation]:
     """The extraArgs the allow-list does not let through. Checked on every pass (a tightened policy rolls back what
-    runs) and again right before promotion writes them into the baseline (core.lifecycle)."""
+    runs) and again right before promotion writes them into the baseline (core.rollout.machine)."""
     allowed = vllm_allowlist.allowed_names(policy.vllm_flags_allowed)
     found: list[Violation] = []
     for refusal in vllm_allowlist.refusals(args, allowed):

@@ -4,6 +4,7 @@ calibration Job summarised them (status.calibration.sensitiveLayers). The canary
 verification Job all read the one resolved list."""
 
 from kvcal.core import vllm_flags
+from kvcal.core.problems import NeedsFix
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import CalibrationStatus
 
@@ -25,7 +26,7 @@ def skip_layers(spec: KVCalibrationSpec) -> list[int]:
     """Sorted layer indices to keep in BF16; refuses a fromReport that no calibration summary resolved."""
     protected = spec.serving.canary.protected_layers
     if protected.from_report:
-        raise ValueError(
+        raise NeedsFix(
             "spec.serving.canary.protectedLayers.fromReport: the calibration summary lists no sensitive layers "
             "(status.calibration.sensitiveLayers; calibrated by an older kvcal?): recalibrate or list the layers"
         )

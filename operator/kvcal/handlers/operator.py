@@ -95,7 +95,7 @@ def build_registry(reconciler: Reconciler, queue: WorkQueue, api: client.ApiClie
         queue.wake(namespace, _owner_of(body))
 
     # A promoted baseline (not ours, so not labelled) carries the marker `namespace/name@hash` of its KVCalibration:
-    # a sync or an edit that reverts the promotion wakes that object at once (core.reverts).
+    # a sync or an edit that reverts the promotion wakes that object at once (core.rollout.reverts).
     promoted = {PROMOTED_ANNOTATION: kopf.PRESENT}
 
     @kopf.on.event("apps", "v1", "deployments", annotations=promoted, id="kvcal-wake-promoted", registry=registry)

@@ -12,6 +12,9 @@ MAX_HISTORY = 20
 
 
 class Phase(StrEnum):
+    """The phases of the CRD's status.phase enum. What each one does, and which moves are allowed, is declared once in
+    core/phases.py; the status fields hold plain strings, so a descriptor with another phase needs no model edit."""
+
     PENDING = "Pending"
     CALIBRATING = "Calibrating"
     VERIFYING = "Verifying"
@@ -25,8 +28,6 @@ class Phase(StrEnum):
     FAILED = "Failed"
     INVALID_SPEC = "InvalidSpec"
 
-
-TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.ROLLED_BACK, Phase.FAILED})
 
 ConditionType = Literal[
     "Calibrated",
@@ -186,14 +187,14 @@ class CapacityStatus(Model):
 
 
 class HistoryEntry(Model):
-    phase: Phase
+    phase: str
     at: str
     reason: str
     message: str = ""
 
 
 class KVCalibrationStatus(Model):
-    phase: Phase = Phase.PENDING
+    phase: str = Phase.PENDING
     message: str | None = None
     observed_generation: int | None = None
     phase_started_at: str | None = None

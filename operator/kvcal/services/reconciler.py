@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from kvcal.core.analysis import error_measurement
 from kvcal.core.capacity import KVCacheReadings
 from kvcal.core.conditions import get_condition, set_condition
-from kvcal.core.decide import OBSERVES, decide, measurement_due
+from kvcal.core.decide import decide, measurement_due
 from kvcal.core.deletion import decide_deletion
 from kvcal.core.endpoints import probe_urls
 from kvcal.core.events import history_event, history_event_name
@@ -33,7 +33,6 @@ from kvcal.core.observations import (
     Apply,
     ApplyOwnedFields,
     ChildKind,
-    ClearAnnotations,
     Create,
     Decision,
     Delete,
@@ -43,15 +42,16 @@ from kvcal.core.observations import (
     Patch,
     SetWeight,
 )
+from kvcal.core.phases import LIFECYCLE
 from kvcal.core.policy import Policy
 from kvcal.core.ranktest import step_window_seconds
-from kvcal.core.reverts import is_reverted
+from kvcal.core.rollout.reverts import is_reverted
 from kvcal.core.spechash import effective_spec_hash
 from kvcal.core.timestamps import parse_rfc3339, rfc3339
 from kvcal.metrics import OperatorMetrics
 from kvcal.models.errors import describe
 from kvcal.models.spec import KVCalibrationSpec
-from kvcal.models.status import TERMINAL_PHASES, ConditionType, KVCalibrationStatus, Measurement, Phase
+from kvcal.models.status import ConditionType, KVCalibrationStatus, Measurement, Phase
 from kvcal.ports import AnalysisBackends, Conflict, Kube, Manifest, Target
 from kvcal.services.failures import describe_failure
 
@@ -211,7 +211,9 @@ class Reconciler:
         status = parse_status(obj)
         owner = Owner(name, namespace, obj["metadata"]["uid"])
         obs = self.observe(obj, owner, spec, spec_error, status, now)
-        decision = decide(spec, status, obs, now)
+        decision = decide(spec, status, obs, now, on_unexpected="block")
+        if decision.unexpected is not None:
+            log.error("%s/%s: blocked by an unexpected error", namespace, name, exc_info=decision.unexpected)
         target = self._target(owner, spec) if spec else None
         self.act(owner, decision, target)
         new_status = _recovered(decision.status, now, obs.generation)
@@ -255,9 +257,8 @@ class Reconciler:
                 self.kube.emit_event(obj, event.type, event.reason, event.message)
             except Exception:  # an event is best effort: never fail a reconcile over it
                 log.exception("could not emit event %s", event.reason)
-        keys = tuple(k for a in decision.actions if isinstance(a, ClearAnnotations) for k in a.keys)
-        if keys:
-            self.kube.remove_annotations(owner.namespace, owner.name, sorted(set(keys)))
+        if decision.cleared_annotations:
+            self.kube.remove_annotations(owner.namespace, owner.name, list(decision.cleared_annotations))
         if self.metrics:
             self.metrics.set_phase(owner.namespace, owner.name, decision.status.phase)
             self.metrics.set_capacity(owner.namespace, owner.name, decision.status.capacity)
@@ -283,8 +284,8 @@ class Reconciler:
         if spec is None:
             return base
         current_hash = effective_spec_hash(spec, status.calibration.spec_hash, self.policy.calibrator_image)
-        ns, needs = owner.namespace, OBSERVES[status.phase]
-        read_messages = status.phase not in TERMINAL_PHASES
+        ns, needs = owner.namespace, LIFECYCLE.observes(status.phase)
+        read_messages = status.phase not in LIFECYCLE.names("terminal")
 
         def message(job: str) -> str | None:
             return self.kube.termination_message(ns, job) if read_messages else None
@@ -393,8 +394,6 @@ class Reconciler:
                     router = self.backends.router(target) if self.backends and target else None
                     if router is not None and target is not None:
                         router.set_weight(target, weight)
-                case ClearAnnotations():
-                    pass  # after the status write: the status must record what the annotation caused
 
     def cleanup(self, namespace: str, name: str) -> Cleanup:
         """On delete: take the canary out of traffic (core.deletion; the drain state goes to status, so a restart

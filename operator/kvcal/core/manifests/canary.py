@@ -37,6 +37,8 @@ class BaselineError(ValueError):
 
 def baseline_container_index(deployment: Manifest, container: str | None) -> int:
     containers = deployment["spec"]["template"]["spec"]["containers"]
+    if not containers:
+        raise BaselineError("the baseline's pod template has no containers: nothing serves vLLM there")
     if container is None:
         return 0
     for i, c in enumerate(containers):

@@ -11,8 +11,9 @@ serves the checkpoint again (the fields restored, or the promotion committed to 
 import json
 
 from kvcal.core import vllm_flags
+from kvcal.core.artifact.record import checkpoint as recorded_checkpoint
 from kvcal.core.conditions import get_condition
-from kvcal.core.lifecycle import Builder
+from kvcal.core.draft import Builder
 from kvcal.core.manifests import FIELD_MANAGER, BaselineError, Manifest
 from kvcal.core.manifests.canary import (
     PROMOTED_ANNOTATION,
@@ -21,7 +22,7 @@ from kvcal.core.manifests.canary import (
     served_model,
 )
 from kvcal.core.manifests.common import locate
-from kvcal.core.serving import WATCH_SECONDS
+from kvcal.core.rollout.serving import WATCH_SECONDS
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import KVCalibrationStatus
 
@@ -56,14 +57,14 @@ def args_managers(baseline: Manifest, container: str) -> list[str]:
 
 def watch_promotion(draft: Builder, spec: KVCalibrationSpec) -> bool:
     """In Succeeded: report a reverted promotion (see the module docstring). False while it is reverted, so the
-    serving re-verification (core.serving) waits: nothing of this calibration runs there."""
+    serving re-verification (core.rollout.serving) waits: nothing of this calibration runs there."""
     baseline, recorded_hash = draft.obs.baseline, draft.status.calibration.spec_hash
     if baseline is None or recorded_hash is None:
         return True
     annotations = baseline.manifest.get("metadata", {}).get("annotations") or {}
     if annotations.get(PROMOTED_ANNOTATION) not in (None, promotion_marker(draft.obs.owner, recorded_hash)):
         return True  # another calibration was promoted into it since: superseded, not reverted
-    output = draft.status.calibration.artifact or spec.calibration.output
+    output = recorded_checkpoint(draft.status, spec.calibration.output)
     checkpoint = locate(output, field="status.calibration.artifact").path
     container_name = spec.serving.baseline.container or ""
     try:

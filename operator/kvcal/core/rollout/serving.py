@@ -6,16 +6,17 @@ runtime read-back) again in the new image, with the new backend, and reports it 
 The image and backend last verified are recorded in status.serving. Pure like decide.
 """
 
-from kvcal.core.lifecycle import Builder
-from kvcal.core.manifests import BaselineError, Manifest, build_verification_job, is_promoted
+from kvcal.core.artifact.record import checkpoint
+from kvcal.core.artifact.verification import serving_verification_job, verification_result
+from kvcal.core.draft import Builder
+from kvcal.core.manifests import BaselineError, Manifest, is_promoted
 from kvcal.core.manifests.canary import baseline_container_index
 from kvcal.core.manifests.common import serving_verification_job_name
 from kvcal.core.observations import Create
-from kvcal.core.verification import verification_result
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import ServingStatus, VerificationStatus
 
-# The baseline is not watched: how often a Succeeded object looks at what it runs.
+# The baseline's watch events wake the operator (handlers.operator); this is the floor when none comes.
 WATCH_SECONDS = 300.0
 RUNNING_POLL_SECONDS = 30.0
 BACKEND_ENV = "VLLM_ATTENTION_BACKEND"
@@ -67,7 +68,11 @@ def watch_serving(draft: Builder, spec: KVCalibrationSpec) -> None:
     change = f"the baseline now runs {_describe(image, backend)} (verified: {_describe(serving.image, None)}"
     change += f", {serving.attention_backend or 'default backend'})"
     if job is None or job.name != name:
-        draft.do(Create(_job(draft, spec, recorded_hash, baseline.manifest, image, backend, name)))
+        output = checkpoint(draft.status, spec.calibration.output)
+        job_manifest = serving_verification_job(
+            draft.obs.owner, spec, recorded_hash, output, baseline.manifest, (image, backend), name
+        )
+        draft.do(Create(job_manifest))
         draft.update(serving=serving.model_copy(update={"verification": VerificationStatus(job=name)}))
         draft.condition("ServingVerified", "Unknown", "Reverifying", f"{change}: verification Job {name} is running")
         draft.event("Normal", "Reverifying", f"{change}: re-verifying the calibrated scales (Job {name})")
@@ -94,23 +99,3 @@ def watch_serving(draft: Builder, spec: KVCalibrationSpec) -> None:
         "ServingVerified", "False", "ScalesMismatch" if verification.mismatches else "VerificationFailed", message
     )
     draft.event("Warning", "ServingVerificationFailed", message)
-
-
-def _job(
-    draft: Builder,
-    spec: KVCalibrationSpec,
-    spec_hash: str,
-    baseline: Manifest,
-    image: str,
-    backend: str | None,
-    name: str,
-) -> Manifest:
-    """The verification Job of the promoted checkpoint (status.calibration.artifact) in the baseline's runtime."""
-    output = draft.status.calibration.artifact or spec.calibration.output
-    canary = spec.serving.canary.model_copy(update={"attention_backend": backend})
-    serving = spec.serving.model_copy(update={"canary": canary})
-    calibration = spec.calibration.model_copy(update={"output": output})
-    promoted = spec.model_copy(update={"serving": serving, "calibration": calibration})
-    pod = baseline["spec"]["template"]["spec"]
-    container = pod["containers"][baseline_container_index(baseline, spec.serving.baseline.container)]
-    return build_verification_job(draft.obs.owner, promoted, spec_hash, {**container, "image": image}, pod, name=name)

@@ -3,7 +3,10 @@
 import json
 from typing import Any
 
+from kvcal.core.manifests import Manifest, Owner, build_verification_job
+from kvcal.core.manifests.canary import baseline_container_index
 from kvcal.core.observations import JobState
+from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import VerificationStatus
 
 
@@ -24,3 +27,24 @@ def verification_result(job: JobState) -> tuple[VerificationStatus, bool]:
     )
     ok = job.state == "Succeeded" and summary.get("ok") is True and not verification.mismatches
     return verification, ok
+
+
+def serving_verification_job(
+    owner: Owner,
+    spec: KVCalibrationSpec,
+    spec_hash: str,
+    checkpoint: str,
+    baseline: Manifest,
+    runtime: tuple[str, str | None],
+    name: str,
+) -> Manifest:
+    """The verification Job of a promoted checkpoint in the baseline's runtime now (its vLLM image, attention
+    backend): what core.rollout.watch asks for when that runtime changes."""
+    image, backend = runtime
+    canary = spec.serving.canary.model_copy(update={"attention_backend": backend})
+    serving = spec.serving.model_copy(update={"canary": canary})
+    calibration = spec.calibration.model_copy(update={"output": checkpoint})
+    promoted = spec.model_copy(update={"serving": serving, "calibration": calibration})
+    pod = baseline["spec"]["template"]["spec"]
+    container = pod["containers"][baseline_container_index(baseline, spec.serving.baseline.container)]
+    return build_verification_job(owner, promoted, spec_hash, {**container, "image": image}, pod, name=name)

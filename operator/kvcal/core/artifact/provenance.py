@@ -1,7 +1,7 @@
 """The calibrator image: resolved for the Job (the user's, else the operator's default), recorded as provenance,
 never hashed (core.spechash), so an operator upgrade that changes the default restarts nothing."""
 
-from kvcal.core.lifecycle import Builder
+from kvcal.core.draft import Builder
 from kvcal.core.observations import Observations
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import Phase

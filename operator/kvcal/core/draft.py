@@ -1,0 +1,112 @@
+"""The next status being computed in one pass, shared by both machines (core.artifact, core.rollout) and decide().
+
+A Builder accumulates the next status, the actions that make the world match it, the events that explain it and
+when to look again; every phase change goes through the lifecycle descriptor it carries (core.phases), so a move
+the descriptor does not allow is an exception, never a silently corrupted status. Pure: no I/O, `now` passed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from kvcal.core.conditions import CONDITION_TYPES, get_condition, set_condition
+from kvcal.core.events import history_event
+from kvcal.core.observations import Action, Decision, Event, Observations
+from kvcal.core.timestamps import rfc3339
+from kvcal.models.spec import KVCalibrationSpec
+from kvcal.models.status import MAX_HISTORY, ConditionType, HistoryEntry, KVCalibrationStatus, Phase
+
+if TYPE_CHECKING:
+    from kvcal.core.phases import Lifecycle
+
+
+@dataclass
+class Builder:
+    """The next status being computed, plus the actions, events and annotation clears that go with it."""
+
+    spec: KVCalibrationSpec | None
+    start: KVCalibrationStatus
+    obs: Observations
+    now: datetime
+    lifecycle: Lifecycle
+    status: KVCalibrationStatus = field(init=False)
+    actions: list[Action] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    cleared: list[str] = field(default_factory=list)
+    requeue: float | None = None
+
+    def __post_init__(self) -> None:
+        self.status = self.start.model_copy(update={"observed_generation": self.obs.generation})
+        if not self.status.conditions:
+            for condition_type in CONDITION_TYPES:
+                self.condition(condition_type, "Unknown", "NotStarted", "")
+
+    @property
+    def phase(self) -> str:
+        return self.status.phase
+
+    def update(self, **fields: Any) -> None:
+        self.status = self.status.model_copy(update=fields)
+
+    def condition(self, type_: ConditionType, status: str, reason: str, message: str = "") -> None:
+        now, generation = self.now, self.obs.generation
+        self.update(conditions=set_condition(self.status.conditions, type_, status, reason, message, now, generation))
+
+    def move(self, phase: str, reason: str, message: str) -> None:
+        self.lifecycle.check_transition(self.phase, phase)
+        at = rfc3339(self.now)
+        entry = HistoryEntry(phase=phase, at=at, reason=reason, message=message[:512])
+        self.update(
+            phase=phase,
+            message=message,
+            phase_started_at=at,
+            history=[*self.status.history, entry][-MAX_HISTORY:],
+        )
+        # The reconciler sends this one from status.history (idempotently, surviving a restart); listed here so a
+        # decision says everything it announces.
+        self.events.append(history_event(entry))
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.events.append(Event("Warning" if type_ == "Warning" else "Normal", reason, message[:1024]))
+
+    def wait(self, message: str, seconds: float | None = None) -> None:
+        self.update(message=message)
+        self.requeue = seconds
+
+    def do(self, *actions: Action) -> None:
+        # An action already queued in this pass is not queued again (e.g. a drained canary's deletes, then starting
+        # over, which removes every child): doing it twice would change nothing.
+        self.actions.extend(action for action in actions if action not in self.actions)
+
+    def clear(self, annotation: str) -> None:
+        """Remove a command annotation (kvcal.dev/promote, ...): after the status write, which must record what it
+        caused first (a restart in between sees the annotation again, and its effect in the status)."""
+        if annotation not in self.cleared:
+            self.cleared.append(annotation)
+
+    def finish(self) -> Decision:
+        promoted = get_condition(self.status.conditions, "Promoted")
+        reverted = promoted is not None and promoted.status == "False"  # in Succeeded: reverted (core.rollout)
+        ready = self.phase == Phase.SUCCEEDED and not reverted
+        self.condition("Ready", "True" if ready else "False", str(self.phase), self.status.message or "")
+        requeue = self.requeue if self.requeue is not None else self.lifecycle.poll_seconds(self.phase)
+        if self.phase != self.start.phase:
+            requeue = 0.0  # act on the new phase at once
+        return Decision(self.status, tuple(self.actions), requeue, tuple(self.events), tuple(sorted(self.cleared)))
+
+
+def blocked(draft: Builder, reason: str, message: str, seconds: float) -> None:
+    """Wait with `message` in the status; a Warning event only when the message is new (not on every pass)."""
+    if draft.start.message != message:
+        draft.event("Warning", reason, message)
+    draft.wait(message, seconds)
+
+
+def fail(draft: Builder, reason: str, message: str) -> None:
+    draft.move(Phase.FAILED, reason, message)
+
+
+def no_baseline(spec: KVCalibrationSpec) -> str:
+    return f"waiting for the baseline Deployment {spec.serving.baseline.deployment}"
