@@ -201,23 +201,30 @@ def render_status(obj: dict[str, Any], lifecycle: Lifecycle = LIFECYCLE) -> str:
     return "\n".join([header, *_tree(sections)])
 
 
-def status(args: argparse.Namespace) -> int:
+def _fetch(args: argparse.Namespace) -> tuple[client.CustomObjectsApi, str, dict[str, Any]] | None:
+    """The KVCalibration named on the command line; None (said on stderr) when it does not exist."""
     api, namespace = _api(args)
     obj = _get(api, namespace, args.name)
     if obj is None:
         print(f"KVCalibration {args.name!r} not found in namespace {namespace!r}", file=sys.stderr)
+        return None
+    return api, namespace, obj
+
+
+def status(args: argparse.Namespace) -> int:
+    fetched = _fetch(args)
+    if fetched is None:
         return 1
-    print(render_status(obj))
+    print(render_status(fetched[2]))
     return 0
 
 
 def annotate(action: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        api, namespace = _api(args)
-        obj = _get(api, namespace, args.name)
-        if obj is None:
-            print(f"KVCalibration {args.name!r} not found in namespace {namespace!r}", file=sys.stderr)
+        fetched = _fetch(args)
+        if fetched is None:
             return 1
+        api, namespace, obj = fetched
         phase = (obj.get("status") or {}).get("phase", "Pending")
         if phase not in LIFECYCLE.acts_on(action):
             wanted = ", ".join(sorted(LIFECYCLE.acts_on(action)))

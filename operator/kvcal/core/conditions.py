@@ -2,22 +2,15 @@
 so a reconcile that changes nothing produces an identical status and no write."""
 
 from datetime import datetime
+from typing import get_args
 
 from kvcal.core.timestamps import rfc3339
 from kvcal.models.status import Condition, ConditionType
 
-CONDITION_TYPES: tuple[ConditionType, ...] = (
-    "Calibrated",
-    "ScalesVerified",
-    "CanaryReady",
-    "AnalysisPassed",
-    "Promoted",
-    "Ready",
-)
-# Set only when they apply (after a promotion, on a spec change in a terminal phase, after a failed pass), so a
-# fresh status lists the six above; the order of a status's conditions follows CONDITION_ORDER.
-OPTIONAL_CONDITION_TYPES: tuple[ConditionType, ...] = ("ServingVerified", "SpecCurrent", "ReconcileError")
-CONDITION_ORDER = CONDITION_TYPES + OPTIONAL_CONDITION_TYPES
+# The order of a status's conditions: ConditionType's. The first six are always there; the last three are set only
+# when they apply (after a promotion, on a spec change in a terminal phase, after a failed pass).
+CONDITION_ORDER: tuple[ConditionType, ...] = get_args(ConditionType)
+CONDITION_TYPES, OPTIONAL_CONDITION_TYPES = CONDITION_ORDER[:6], CONDITION_ORDER[6:]
 
 
 def get_condition(conditions: list[Condition], type_: ConditionType) -> Condition | None:
