@@ -21,6 +21,7 @@ import yaml
 from kvcal.adapters.kube import KubeClient
 from kvcal.adapters.webhook import HttpxPoster
 from kvcal.core.notifications import WebhookTarget
+from kvcal.handlers.operator import OperatorOptions, run
 from kvcal.ports import Manifest
 from kvcal.services.notifier import Notifier
 from kvcal.services.reconciler import Reconciler
@@ -34,20 +35,22 @@ TOKEN = "receiver-token"
 
 @dataclass
 class Receiver:
-    """A webhook receiver on loopback: records each POST (headers, JSON body) and answers 200."""
+    """A webhook receiver on loopback: records each POST (headers, JSON body) and answers the next of `codes`, then
+    200."""
 
     port: int
     posts: list[tuple[dict[str, str], dict[str, Any]]] = field(default_factory=list)
+    codes: list[int] = field(default_factory=list)
     server: ThreadingHTTPServer | None = None
 
     def start(self) -> "Receiver":
-        posts = self.posts
+        posts, codes = self.posts, self.codes
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 posts.append((dict(self.headers.items()), json.loads(body)))
-                self.send_response(200)
+                self.send_response(codes.pop(0) if codes else 200)
                 self.end_headers()
                 self.wfile.write(b'{"ok": true}')
 
@@ -84,10 +87,10 @@ def receiver() -> Iterator[Receiver]:
 class Operator:
     """One operator process's reconciler and sender; `restart` is a new one of each (nothing kept in memory)."""
 
-    def __init__(self, cluster: Cluster, files: Path, kube: KubeClient | None = None) -> None:
+    def __init__(self, cluster: Cluster, files: Path, kube: KubeClient | None = None, first_delay: float = 0.2) -> None:
         self.api = cluster.api_client()
         self.target = WebhookTarget(name="ops", url_file=str(files / "url"), token_file=str(files / "token"))
-        self.notifier = Notifier([self.target], HttpxPoster(timeout_seconds=2), first_delay=0.2, max_delay=1.0)
+        self.notifier = Notifier([self.target], HttpxPoster(timeout_seconds=2), first_delay=first_delay, max_delay=2.0)
         self.woken = threading.Event()
         self.notifier.listen(lambda *_: self.woken.set())
         self.notifier.start()
@@ -216,4 +219,35 @@ def test_a_receiver_down_at_first_gets_it_after_backoff(
         operator.stop()
     ((headers, body),) = receiver.posts
     assert body["event"] == "RolledBack" and headers["Idempotency-Key"] == body["idempotencyKey"]
+    assert status(kube, namespace, name)["notifications"] == {"delivered": [f"ops/{body['idempotencyKey']}"]}
+
+
+def test_the_running_operator_records_a_delivery_without_waiting_for_a_resync(
+    control_plane: Cluster, crd_installed: str, namespace: str, tmp_path: Path, receiver: Receiver, files: Path
+) -> None:
+    """kopf and the work queue (handlers.operator): the sender's wake-ups queue the passes that record its error, then
+    its delivery. The receiver fails the first post and the retry comes a second later, long after the passes the
+    RolledBack write itself causes; a terminal object's next timed pass would be 10 minutes away."""
+    cluster, kube = control_plane, KubeClient(control_plane.api_client())
+    setup_namespace(cluster, namespace, tmp_path / "model")
+    receiver.codes.append(503)
+    receiver.start()
+    operator = Operator(cluster, files, first_delay=1.0)
+    stop, ready = threading.Event(), threading.Event()
+    options = OperatorOptions(namespaces=[namespace], standalone=True)
+    thread = threading.Thread(target=run, args=(operator.reconciler, operator.api, options, stop, ready), daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(60), "operator did not start"
+        name = "running"
+        start(cluster, namespace, name, tmp_path)
+        wait_for(lambda: status(kube, namespace, name).get("phase") == "Calibrating", 30, "Calibrating")
+        abort(cluster, namespace, name)
+        wait_for(lambda: status(kube, namespace, name).get("notifications", {}).get("delivered"), 30, "recorded")
+    finally:
+        stop.set()
+        thread.join(60)
+        operator.stop()
+    (_, failed), (_, body) = receiver.posts
+    assert failed == body  # the same notification, the same idempotency key
     assert status(kube, namespace, name)["notifications"] == {"delivered": [f"ops/{body['idempotencyKey']}"]}
