@@ -131,3 +131,11 @@ class AnalysisBackends(Protocol):
     def probes(self, target: Target) -> Probes | None: ...
 
     def router(self, target: Target) -> Router | None: ...
+
+
+class WebhookPoster(Protocol):
+    """HTTP POST to a notification receiver (services.notifier); an adapter that cannot connect raises."""
+
+    def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> int:
+        """The answer's HTTP status code; its body is never read into kvcal (it could echo anything)."""
+        ...

@@ -164,3 +164,40 @@ address, which is the operator's own default too.
 {{- end }}
 {{- toJson $out }}
 {{- end }}
+
+{{/*
+The webhooks of notifications.webhooks as `kvcal operator run --notify` JSON, with the Secret volumes and read-only
+mounts their URL and token come from (/etc/kvcal/notify/NAME/url/url, .../token/token). Absent values
+(--reuse-values from a chart before them): none.
+*/}}
+{{- define "kvcal.notifications" -}}
+{{- $webhooks := dig "webhooks" list (.Values.notifications | default dict) }}
+{{- $out := dict "webhooks" list "volumes" list "mounts" list }}
+{{- $names := dict }}
+{{- range $i, $webhook := $webhooks }}
+{{- if hasKey $names $webhook.name }}
+{{- fail (printf "notifications.webhooks: two webhooks are named %s (status.notifications tells them apart by name)" $webhook.name) }}
+{{- end }}
+{{- $_ := set $names $webhook.name true }}
+{{- $dir := printf "/etc/kvcal/notify/%s" $webhook.name }}
+{{- $target := dict "name" $webhook.name "format" ($webhook.format | default "json") "urlFile" (printf "%s/url/url" $dir) }}
+{{- with $webhook.events }}
+{{- $_ := set $target "events" . }}
+{{- end }}
+{{- $parts := list (dict "part" "url" "secret" $webhook.urlSecret) }}
+{{- if $webhook.tokenSecret }}
+{{- $parts = append $parts (dict "part" "token" "secret" $webhook.tokenSecret) }}
+{{- $_ := set $target "tokenFile" (printf "%s/token/token" $dir) }}
+{{- end }}
+{{- range $part := $parts }}
+{{- $volume := printf "notify-%d-%s" $i $part.part }}
+{{- /* defaultMode 0440: readable by the operator's group (fsGroup), by nobody else. */}}
+{{- $secret := dict "secretName" $part.secret "items" (list (dict "key" $part.part "path" $part.part)) "defaultMode" 288 }}
+{{- $_ := set $out "volumes" (append $out.volumes (dict "name" $volume "secret" $secret)) }}
+{{- $mount := dict "name" $volume "mountPath" (printf "%s/%s" $dir $part.part) "readOnly" true }}
+{{- $_ := set $out "mounts" (append $out.mounts $mount) }}
+{{- end }}
+{{- $_ := set $out "webhooks" (append $out.webhooks $target) }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}

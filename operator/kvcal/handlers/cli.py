@@ -11,12 +11,14 @@ from kubernetes import client, config
 from pydantic import ValidationError
 
 from kvcal.core.manifests.common import DEFAULT_CALIBRATOR_IMAGE
+from kvcal.core.notifications import WebhookTarget
 from kvcal.core.policy import DEFAULT_PROMETHEUS_ADDRESS, Policy, PrometheusAccess
 from kvcal.core.vllm_allowlist import DEFAULT_ALLOWED
 
 if TYPE_CHECKING:
     from kvcal.adapters.kube import KubeClient
     from kvcal.handlers.operator import OperatorOptions
+    from kvcal.services.notifier import Notifier
     from kvcal.services.reconciler import Reconciler
 
 
@@ -91,6 +93,16 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
         "(also certFile, keyFile, bearerTokenFile, usernameFile, passwordFile); repeatable, the first is the one a "
         f"spec that names none uses (default: default at {DEFAULT_PROMETHEUS_ADDRESS})",
     )
+    run.add_argument(
+        "--notify",
+        action="append",
+        default=[],
+        metavar="JSON",
+        help="a webhook told of phase changes, e.g. "
+        '\'{"name": "ops", "format": "slack", "urlFile": "/path/url", "tokenFile": "/path/token", '
+        '"events": ["RolledBack", "Failed"]}\' (format json or slack; events default: all); repeatable '
+        "(docs/notifications.md)",
+    )
     run.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: $KUBECONFIG, in-cluster")
     run.add_argument("--verbose", "-v", action="store_true")
     run.set_defaults(func=_run)
@@ -125,6 +137,15 @@ def policy_from_args(args: argparse.Namespace) -> Policy:
     )
 
 
+def webhooks_from_args(args: argparse.Namespace) -> list[WebhookTarget]:
+    """The notification targets from the flags the chart's notifications.webhooks become (templates/deployment.yaml)."""
+    targets = [WebhookTarget.model_validate_json(target) for target in args.notify]
+    names = [target.name for target in targets]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--notify: two webhooks share a name ({', '.join(sorted(names))})")
+    return targets
+
+
 def _vllm_flags(flags: str | None) -> tuple[str, ...]:
     """None (the chart predates policy.vllmFlags): kvcal's default list, the one values.yaml shows; "": none."""
     if flags is None:
@@ -144,8 +165,9 @@ def _run(args: argparse.Namespace) -> int:
     )
     try:
         policy = policy_from_args(args)
-    except ValidationError as e:
-        logging.getLogger(__name__).error("invalid policy: %s", e)
+        webhooks = webhooks_from_args(args)
+    except (ValidationError, ValueError) as e:
+        logging.getLogger(__name__).error("invalid policy or webhooks: %s", e)
         return 2
     logging.getLogger(__name__).info("policy: %s", policy.to_wire())
     api = _api_client(args.kubeconfig)
@@ -156,6 +178,7 @@ def _run(args: argparse.Namespace) -> int:
         backends=ClusterBackends(kube, policy),
         metrics=OperatorMetrics(),
         policy=policy,
+        notifier=_notifier(webhooks),
     )
     options = OperatorOptions(
         namespaces=args.namespace, standalone=args.standalone, metrics_port=args.metrics_port, liveness=args.liveness
@@ -164,6 +187,16 @@ def _run(args: argparse.Namespace) -> int:
         run(reconciler, api, options)
         return 0
     return _run_elected(args, kube, reconciler, api, options)
+
+
+def _notifier(webhooks: list[WebhookTarget]) -> "Notifier | None":
+    from kvcal.adapters.webhook import HttpxPoster
+    from kvcal.services.notifier import Notifier
+
+    if not webhooks:
+        return None
+    logging.getLogger(__name__).info("notifying webhooks %s", ", ".join(target.name for target in webhooks))
+    return Notifier(webhooks, HttpxPoster()).start()
 
 
 def _run_elected(

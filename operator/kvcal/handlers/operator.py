@@ -161,7 +161,7 @@ def run(
         liveness_endpoint=options.liveness,
     )
     try:
-        asyncio.run(_with_queue(queue, coro, stop_flag))
+        asyncio.run(_with_queue(queue, coro, stop_flag, reconciler))
     finally:
         if stop_metrics is not None:
             stop_metrics()
@@ -170,12 +170,27 @@ def run(
 ReconcilerFactory = Callable[[], Reconciler]
 
 
-async def _with_queue(queue: WorkQueue, operator: Coroutine[Any, Any, None], stop_flag: threading.Event | None) -> None:
+async def _with_queue(
+    queue: WorkQueue,
+    operator: Coroutine[Any, Any, None],
+    stop_flag: threading.Event | None,
+    reconciler: Reconciler | None = None,
+) -> None:
     """kopf feeds the queue; the queue's workers run until kopf stops."""
+    notifier = reconciler.notifier if reconciler else None
+    if notifier is not None:  # a delivery confirmed or failed: a pass records it in status (services.notifier)
+        loop = asyncio.get_running_loop()
+
+        def wake(namespace: str, name: str) -> None:
+            loop.call_soon_threadsafe(queue.wake, namespace, name)
+
+        notifier.listen(wake)
     workers = asyncio.ensure_future(queue.run())
     try:
         await operator
     finally:
+        if notifier is not None:
+            notifier.listen(None)
         workers.cancel()
         await asyncio.gather(workers, return_exceptions=True)
         if stop_flag is not None:

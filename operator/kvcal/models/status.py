@@ -193,6 +193,13 @@ class HistoryEntry(Model):
     message: str = ""
 
 
+class NotificationsStatus(Model):
+    """Webhook deliveries (core.notifications): recorded after the receiver's 2xx, so a restart repeats none."""
+
+    delivered: list[str] = []  # TARGET/UID/PHASE/AT, one per transition per target still in history
+    last_error: str | None = None  # the latest failed delivery per target, until that target accepts one
+
+
 class KVCalibrationStatus(Model):
     phase: str = Phase.PENDING
     message: str | None = None
@@ -206,3 +213,4 @@ class KVCalibrationStatus(Model):
     history: list[HistoryEntry] = []
     serving: ServingStatus = ServingStatus()
     capacity: CapacityStatus = CapacityStatus()
+    notifications: NotificationsStatus = NotificationsStatus()

@@ -9,6 +9,9 @@ Lifecycle events are sent from status.history, each under a name fixed by (objec
 entry whose Event it has not seen created (the API's AlreadyExists counts as sent), so an operator killed between the
 status write and the events loses none and sends none twice. Other events (WeightDrift, *Ignored) stay best effort:
 one per pass that decides them, lost if the process dies first.
+
+Webhook notifications (services.notifier) follow status the same way: the deliveries the sender confirmed go into the
+pass's status write, and what the written status still calls for is handed to the sender after it.
 """
 
 import logging
@@ -54,6 +57,7 @@ from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import ConditionType, KVCalibrationStatus, Measurement, Phase
 from kvcal.ports import AnalysisBackends, Conflict, Kube, Manifest, Target
 from kvcal.services.failures import describe_failure
+from kvcal.services.notifier import Notifier
 
 log = logging.getLogger(__name__)
 MAX_CONFLICT_RETRIES = 3
@@ -140,6 +144,7 @@ class Reconciler:
         backends: AnalysisBackends | None = None,
         metrics: OperatorMetrics | None = None,
         policy: Policy | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self.kube = kube
         self.clock = clock
@@ -149,6 +154,7 @@ class Reconciler:
         # the core beside the spec, never into it: the spec hash covers only what the user declared.
         self.policy = policy or Policy()
         self._sent_events: dict[str, set[str]] = {}  # object uid -> history Event names known to exist
+        self.notifier = notifier  # webhook notifications (chart values notifications.webhooks); None: none
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """One pass; returns seconds until the next one (None: only when something changes)."""
@@ -217,8 +223,12 @@ class Reconciler:
         target = self._target(owner, spec) if spec else None
         self.act(owner, decision, target)
         new_status = _recovered(decision.status, now, obs.generation)
+        if self.notifier:  # the deliveries it confirmed go into this write (module docstring)
+            new_status = self.notifier.record(owner, new_status)
         if new_status != status:
             self.kube.replace_status(namespace, name, obj["metadata"]["resourceVersion"], new_status.to_wire())
+        if self.notifier:  # what the written status calls for, posted in the background
+            self.notifier.submit(owner, new_status, now)
         self._after_write(obj, owner, status, decision, now)
         return decision.requeue_after
 
@@ -424,6 +434,8 @@ class Reconciler:
             return None
         meta = obj["metadata"]
         self._sent_events.pop(meta["uid"], None)  # no history entry comes after the delete
+        if self.notifier:
+            self.notifier.forget(meta["uid"])
         now = self.clock()
         spec, _ = parse_spec(obj)
         status = parse_status(obj)
