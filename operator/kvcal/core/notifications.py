@@ -6,7 +6,7 @@ fixed by the object's uid and the transition (what happened, when), so a receive
 target, one key) is due until status.notifications.delivered records it: the sender (services.notifier) posts it,
 and the reconciler copies the keys it confirmed (HTTP 2xx) into the next status write. A restart therefore neither
 repeats a recorded delivery nor loses one still due; one confirmed in the moment before the operator died is posted
-again, with the same key (at least once). """
+again, with the same key (at least once)."""
 
 import re
 from collections.abc import Iterable, Sequence
