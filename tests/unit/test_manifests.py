@@ -24,7 +24,7 @@ from kvcal.core.manifests import (
 from kvcal.core.manifests.canary import fp8_container, fp8_pod_spec
 from kvcal.core.manifests.jobs import baseline_tensor_parallel_size
 from kvcal.core.spechash import spec_hash
-from tests.unit.test_decide_support import OWNER, baseline_manifest, baseline_service, spec
+from tests.unit.test_decide_support import OWNER, baseline_manifest, baseline_service, spec, statefulset_manifest
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 SPEC = spec()
@@ -42,6 +42,7 @@ HOSTPATH_SPEC = spec(
     },
 )
 
+STATEFULSET_SPEC = spec(serving={"baseline": {"deployment": "llm", "service": "llm", "kind": "StatefulSet"}})
 PROTECTED_SPEC = spec(
     calibration={**SPEC.calibration.model_dump(by_alias=True), "queryScales": True},
     serving={"baseline": {"deployment": "llm", "service": "llm"}, "canary": {"protectedLayers": {"layers": [0, 29]}}},
@@ -99,6 +100,10 @@ CASES: dict[str, Any] = {
     "calibration-configmap-query": lambda: build_calibration_configmap(
         OWNER, PROTECTED_SPEC, spec_hash(PROTECTED_SPEC)
     ),
+    "canary-statefulset": lambda: build_canary_workload(OWNER, STATEFULSET_SPEC, statefulset_manifest(), 1),
+    "promoted-statefulset-patch": lambda: build_promoted_baseline(
+        OWNER, STATEFULSET_SPEC, spec_hash(STATEFULSET_SPEC), statefulset_manifest()
+    ),
 }
 
 
@@ -113,7 +118,7 @@ def test_golden(name: str) -> None:
     assert manifest == yaml.safe_load(path.read_text()), f"{name} differs from {path} (UPDATE_GOLDEN=1 to accept)"
 
 
-CHILDREN = [n for n in CASES if n != "promoted-baseline-patch"]
+CHILDREN = [n for n in CASES if not n.startswith("promoted-")]
 
 
 @pytest.mark.parametrize("name", CHILDREN)

@@ -6,13 +6,14 @@ The rest is the kind's own:
 
 - **Deployment.** The canary copies the baseline's `strategy`. Promotion applies a rolling update that never drops
   below the ready replicas (maxUnavailable 0, the baseline's maxSurge).
-- **StatefulSet.** The canary copies `serviceName`, `podManagementPolicy`, `updateStrategy`, `minReadySeconds` and
-  `volumeClaimTemplates` (a template that mounts a claim template's volume needs it). Its pods are `CANARY-0..N`, so
-  under the baseline's governing Service their DNS names never collide with the baseline's (`NAME-0..N`). Its claims
-  are deleted with it and on scale-down (`persistentVolumeClaimRetentionPolicy` Delete): a canary leaves no storage
-  behind. Promotion applies `updateStrategy` RollingUpdate with partition 0, so every pod rolls (an OnDelete
-  baseline would never roll, a partition would stop half way). A StatefulSet replaces a pod by deleting it first:
-  one baseline pod is down at a time while the promotion rolls (it has no surge).
+- **StatefulSet.** The canary copies `serviceName`, `podManagementPolicy`, `minReadySeconds` and
+  `volumeClaimTemplates` (a template that mounts a claim template's volume needs it), but not `updateStrategy`: the
+  canary is kvcal's, and its pods always follow its template (an OnDelete canary would keep an outdated one). Its pods
+  are `CANARY-0..N`, so under the baseline's governing Service their DNS names never collide with the baseline's
+  (`NAME-0..N`). Its claims are deleted with it and on scale-down (`persistentVolumeClaimRetentionPolicy` Delete): a
+  canary leaves no storage behind. Promotion applies `updateStrategy` RollingUpdate with partition 0, so every pod
+  rolls (an OnDelete baseline would never roll, a partition would stop half way). A StatefulSet replaces a pod by
+  deleting it first: one baseline pod is down at a time while the promotion rolls (it has no surge).
 """
 
 import copy
@@ -23,7 +24,7 @@ from kvcal.models.spec import WorkloadKind
 API_VERSION = "apps/v1"
 # kubectl's short resource names, for the commands messages suggest.
 SHORT_NAMES: dict[WorkloadKind, str] = {"Deployment": "deploy", "StatefulSet": "sts"}
-_STATEFULSET_COPIED = ("serviceName", "podManagementPolicy", "updateStrategy", "minReadySeconds")
+_STATEFULSET_COPIED = ("serviceName", "podManagementPolicy", "minReadySeconds")
 _CANARY_CLAIMS_DELETED = {"whenDeleted": "Delete", "whenScaled": "Delete"}
 
 
