@@ -37,7 +37,7 @@ def render(patch: dict[str, object]) -> str:
     spec = patch["spec"]
     assert isinstance(spec, dict)
     pod = spec["template"]["spec"]
-    lines = ["# kvcal promotion: commit as a kustomize patch, or set these fields on the Deployment:"]
+    lines = [f"# kvcal promotion: commit as a kustomize patch, or set these fields on the {patch['kind']}:"]
     for container in pod["containers"]:
         lines.append(f"#   container {container['name']} args: {' '.join(container['args'])}")
         lines += [
@@ -62,9 +62,10 @@ def run(args: argparse.Namespace) -> int:
         print("no calibration yet: nothing to promote", file=sys.stderr)
         return 1
     spec = KVCalibrationSpec.model_validate(obj["spec"])
-    baseline = kube.get("Deployment", namespace, spec.serving.baseline.deployment)
+    ref = spec.serving.baseline
+    baseline = kube.get(ref.kind, namespace, ref.deployment)
     if baseline is None:
-        print(f"the baseline Deployment {spec.serving.baseline.deployment!r} is not there", file=sys.stderr)
+        print(f"the baseline {ref.kind} {ref.deployment!r} is not there", file=sys.stderr)
         return 1
     owner = Owner(args.name, namespace, obj["metadata"]["uid"])
     print(render(promotion_patch(build_promoted_baseline(owner, spec, spec_hash, baseline))), end="")

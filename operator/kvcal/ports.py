@@ -13,7 +13,7 @@ from kvcal.models.status import Measurement
 
 Manifest = dict[str, Any]
 # Kinds the operator reads or writes; adapters map them to API groups.
-Kind = Literal["KVCalibration", "Job", "ConfigMap", "Deployment", "Service", "Pod"]
+Kind = Literal["KVCalibration", "Job", "ConfigMap", "Deployment", "StatefulSet", "Service", "Pod"]
 
 
 class Conflict(Exception):

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from kvcal.core import vllm_allowlist, vllm_flags
-from kvcal.core.manifests import build_canary_deployment
+from kvcal.core.manifests import build_canary_workload
 from kvcal.core.manifests.jobs import checkpoint_location
 from tests.unit.test_canary_flags import SPEC, baseline_with_odd_spellings
 from tests.unit.test_decide_support import OWNER, spec
@@ -118,7 +118,7 @@ def test_protected_layers_reach_vllm_as_skip_layers(serve_parser: Any) -> None:
     root, _ = serve_parser
     protected = spec(serving={"baseline": {"deployment": "llm", "service": "llm"},
                               "canary": {"protectedLayers": {"layers": [0, 31]}}})  # fmt: skip
-    canary = build_canary_deployment(OWNER, protected, baseline_with_odd_spellings(), 1)
+    canary = build_canary_workload(OWNER, protected, baseline_with_odd_spellings(), 1)
     container = canary["spec"]["template"]["spec"]["containers"][0]
     parsed = root.parse_args([*container["command"], *container["args"]][1:])
     assert parsed.kv_cache_dtype == protected.serving.canary.kv_cache_dtype
@@ -127,7 +127,7 @@ def test_protected_layers_reach_vllm_as_skip_layers(serve_parser: Any) -> None:
 
 def test_canary_of_an_odd_baseline_parses_to_the_calibrated_checkpoint_with_fp8(serve_parser: Any) -> None:
     root, _ = serve_parser
-    canary = build_canary_deployment(OWNER, SPEC, baseline_with_odd_spellings(), 1)
+    canary = build_canary_workload(OWNER, SPEC, baseline_with_odd_spellings(), 1)
     container = canary["spec"]["template"]["spec"]["containers"][0]
     argv = [*container["command"], *container["args"]]
     assert argv[:2] == ["vllm", "serve"]

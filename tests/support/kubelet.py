@@ -1,23 +1,23 @@
 """The e2e harness that plays kubelet for our own workloads on a control plane without nodes.
 
 The real kube-controller-manager runs: the Job controller creates Pods for our Jobs and turns their Pod status into
-Job conditions; the Deployment/ReplicaSet controllers create Pods and count the ready ones. No kubelet runs, so this
-harness does the kubelet's part for Pods in ONE namespace:
+Job conditions; the Deployment/ReplicaSet and StatefulSet controllers create Pods and count the ready ones. No kubelet
+runs, so this harness does the kubelet's part for Pods in ONE namespace:
 
 - Pods of a Job: the init containers run first, in order, on the same volumes (a failure fails the Pod), then the
   container's command runs as a LOCAL process with the args and env the operator wrote. The Pod
   is marked Running, then Succeeded/Failed with `state.terminated` {exitCode, reason, message}; the message is the
   file at terminationMessagePath, or with FallbackToLogsOnError and an empty file on failure, the log tail (the
   kubelet's rule: last 80 lines, at most 2048 bytes). The Job controller then writes the Job's conditions.
-- Pods of a ReplicaSet (canary and baseline): marked Running and Ready, as a kubelet would once probes pass. For
-  the components named in `serve` (among pods carrying `serve_labels`), the container really runs: the image's
-  entrypoint (IMAGE_ENTRYPOINTS: the vLLM OpenAI image runs vLLM's API server from this venv) with the pod's args
-  and env, on the pod's OWN loopback address (each served pod gets a podIP 127.0.N.M of its own, so the container
+- Pods of a ReplicaSet or a StatefulSet (canary and baseline): marked Running and Ready, as a kubelet would once probes
+  pass. For the components named in `serve` (among pods carrying `serve_labels`), the container really runs: the
+  image's entrypoint (IMAGE_ENTRYPOINTS: the vLLM OpenAI image runs vLLM's API server from this venv) with the pod's
+  args and env, on the pod's OWN loopback address (each served pod gets a podIP 127.0.N.M of its own, so the container
   keeps its port, as in a pod network namespace); the pod turns Ready when GET /health answers 200 (the readiness
-  probe), and the process is killed when the pod is deleted. `on_serving(pod, address)` runs before the pod turns
-  Ready (e.g. to add a scrape target). Like the static CPU manager pinning a Guaranteed pod, each served pod gets a
-  core of its own while it runs (VLLM_CPU_OMP_THREADS_BIND, unless the pod sets it): left to "auto", every vLLM on
-  this node binds core 0.
+  probe), and the process is killed when the pod is deleted. `on_serving(pod, address)` runs before the pod turns Ready
+  (e.g. to add a scrape target). Like the static CPU manager pinning a Guaranteed pod, each served pod gets a core of
+  its own while it runs (VLLM_CPU_OMP_THREADS_BIND, unless the pod sets it): left to "auto", every vLLM on this node
+  binds core 0.
 
 Paths. Every volumeMount's mountPath maps to a local directory, explicitly:
 - hostPath volume -> the same path on this machine (the e2e specs use hostpath:// URIs);
@@ -227,7 +227,7 @@ class FakeKubelet:
                 t = threading.Thread(target=self._run_job_pod, args=(pod,), name=f"pod-{meta['name']}", daemon=True)
                 self._threads.append(t)
                 t.start()
-            elif kind == "ReplicaSet":
+            elif kind in ("ReplicaSet", "StatefulSet"):
                 self._started.add(meta["uid"])
                 labels = meta.get("labels") or {}
                 with self._lock:

@@ -8,7 +8,7 @@ parsed by vLLM 0.32's real parser in tests/integration/test_vllm_flags_parser.py
 from typing import Any
 
 from kvcal.core import vllm_flags
-from kvcal.core.manifests import build_canary_deployment, build_promoted_baseline
+from kvcal.core.manifests import build_canary_workload, build_promoted_baseline
 from kvcal.core.manifests.jobs import checkpoint_location
 from kvcal.core.spechash import spec_hash
 from tests.unit.test_decide_support import OWNER, baseline_manifest, spec
@@ -59,7 +59,7 @@ def _assert_only_kvcal_sets_the_kv_cache(argv: list[str]) -> None:
 
 
 def test_canary_drops_the_baselines_kv_overrides_in_any_spelling() -> None:
-    canary = build_canary_deployment(OWNER, SPEC, baseline_with_odd_spellings(), 1)
+    canary = build_canary_workload(OWNER, SPEC, baseline_with_odd_spellings(), 1)
     _assert_only_kvcal_sets_the_kv_cache(_canary_argv(canary["spec"]["template"]["spec"]))
 
 
@@ -74,7 +74,7 @@ PROTECTED = spec(
 
 
 def test_protected_layers_become_one_skip_list_on_canary_and_promoted_baseline() -> None:
-    canary = build_canary_deployment(OWNER, PROTECTED, baseline_with_odd_spellings(), 1)
+    canary = build_canary_workload(OWNER, PROTECTED, baseline_with_odd_spellings(), 1)
     patch = build_promoted_baseline(OWNER, PROTECTED, spec_hash(PROTECTED), baseline_with_odd_spellings())
     for pod in (canary["spec"]["template"]["spec"], patch["spec"]["template"]["spec"]):
         argv = _canary_argv(pod)

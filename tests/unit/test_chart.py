@@ -230,6 +230,8 @@ def test_rbac_grants_what_the_operator_calls(default_docs: list[dict[str, Any]])
     assert {"create", "get", "list", "watch", "delete", "patch"} <= granted(rules, "batch", "jobs")
     assert {"create", "get", "list", "watch", "delete", "patch"} <= granted(rules, "", "configmaps")
     assert {"create", "get", "list", "watch", "delete", "patch"} <= granted(rules, "apps", "deployments")
+    # A StatefulSet baseline (spec.serving.baseline.kind): the same verbs as a Deployment, no update (SSA is a patch).
+    assert {"create", "get", "list", "watch", "delete", "patch"} == granted(rules, "apps", "statefulsets")
     assert {"create"} == granted(rules, "", "events")
     assert {"get", "list", "watch"} == granted(rules, "", "pods")
     assert {"get", "list", "create", "patch", "delete"} == granted(rules, "", "services")

@@ -108,3 +108,19 @@ def observations(**fields: Any) -> Observations:
         fields["policy"] = POLICY.model_copy(update={"calibrator_image": fields.pop("calibrator_image")})
     fields.setdefault("policy", POLICY)
     return Observations(owner=OWNER, generation=fields.pop("generation", 1), **fields)
+
+
+def statefulset_manifest(replicas: int = 2) -> dict[str, Any]:
+    """baseline_manifest() as a StatefulSet: a governing Service, Parallel pods, OnDelete updates, and a claim template
+    that the vLLM container mounts (its compile cache)."""
+    manifest = baseline_manifest(replicas)
+    manifest["kind"] = "StatefulSet"
+    sts = manifest["spec"]
+    del sts["strategy"]
+    sts.update(serviceName="llm-headless", podManagementPolicy="Parallel", updateStrategy={"type": "OnDelete"})
+    claim = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Gi"}}}
+    sts["volumeClaimTemplates"] = [
+        {"metadata": {"name": "cache", "labels": {"app": "llm"}}, "spec": claim, "status": {"phase": "Pending"}}
+    ]
+    sts["template"]["spec"]["containers"][0]["volumeMounts"].append({"name": "cache", "mountPath": "/root/.cache"})
+    return manifest

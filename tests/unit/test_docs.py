@@ -175,7 +175,7 @@ def load_yaml_docs(path: Path) -> list[dict[str, Any]]:
 
 def test_local_trial_fits_the_demo_example_and_the_kind_mount() -> None:
     """docs/local-trial.md's pieces agree: the kind mount, the baseline it deploys, the KVCalibration it applies."""
-    from kvcal.core.manifests.canary import build_canary_deployment
+    from kvcal.core.manifests.canary import build_canary_workload
     from kvcal.core.manifests.common import Owner
 
     example = yaml.safe_load((ROOT / "examples" / "demo-cpu.yaml").read_text())
@@ -192,7 +192,7 @@ def test_local_trial_fits_the_demo_example_and_the_kind_mount() -> None:
         assert uri.startswith("hostpath://") and any(uri.removeprefix("hostpath://").startswith(m) for m in mounted)
 
     # The operator can turn this baseline into a canary: it finds the model path and swaps in the checkpoint.
-    canary = build_canary_deployment(Owner(example["metadata"]["name"], "kvcal-demo", "uid-1"), spec, baseline, 1)
+    canary = build_canary_workload(Owner(example["metadata"]["name"], "kvcal-demo", "uid-1"), spec, baseline, 1)
     pod = canary["spec"]["template"]["spec"]
     container = pod["containers"][0]
     argv = [*container.get("command", []), *container["args"]]

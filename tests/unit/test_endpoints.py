@@ -51,7 +51,7 @@ def test_another_calibrations_canary_is_not_this_ones() -> None:
     [
         ([pod("c-1", "10.0.0.9", canary=True)], BASELINE, "no ready baseline pod"),
         ([pod("llm-b-1", "10.0.0.2", ready=False), pod("c-1", "10.0.0.9", canary=True)], BASELINE, "baseline"),
-        ([pod("llm-b-1", "10.0.0.2")], None, "baseline Deployment is gone"),
+        ([pod("llm-b-1", "10.0.0.2")], None, "baseline workload is gone"),
     ],
 )
 def test_missing_endpoints_are_errors(pods: list[dict[str, Any]], baseline: Any, message: str) -> None:

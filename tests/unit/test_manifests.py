@@ -13,8 +13,8 @@ from kvcal.core.manifests import (
     Owner,
     build_calibration_configmap,
     build_calibration_job,
-    build_canary_deployment,
     build_canary_service,
+    build_canary_workload,
     build_promoted_baseline,
     build_verification_job,
     calibration_job_name,
@@ -24,7 +24,7 @@ from kvcal.core.manifests import (
 from kvcal.core.manifests.canary import fp8_container, fp8_pod_spec
 from kvcal.core.manifests.jobs import baseline_tensor_parallel_size
 from kvcal.core.spechash import spec_hash
-from tests.unit.test_decide_support import OWNER, baseline_manifest, baseline_service, spec
+from tests.unit.test_decide_support import OWNER, baseline_manifest, baseline_service, spec, statefulset_manifest
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 SPEC = spec()
@@ -42,6 +42,7 @@ HOSTPATH_SPEC = spec(
     },
 )
 
+STATEFULSET_SPEC = spec(serving={"baseline": {"deployment": "llm", "service": "llm", "kind": "StatefulSet"}})
 PROTECTED_SPEC = spec(
     calibration={**SPEC.calibration.model_dump(by_alias=True), "queryScales": True},
     serving={"baseline": {"deployment": "llm", "service": "llm"}, "canary": {"protectedLayers": {"layers": [0, 29]}}},
@@ -77,11 +78,11 @@ CASES: dict[str, Any] = {
         baseline_manifest()["spec"]["template"]["spec"]["containers"][0],
         baseline_manifest()["spec"]["template"]["spec"],
     ),
-    "canary-deployment": lambda: build_canary_deployment(OWNER, SPEC, baseline_manifest(), 2),
-    "canary-deployment-serve-style": lambda: build_canary_deployment(OWNER, HOSTPATH_SPEC, _serve_style_baseline(), 1),
+    "canary-deployment": lambda: build_canary_workload(OWNER, SPEC, baseline_manifest(), 2),
+    "canary-deployment-serve-style": lambda: build_canary_workload(OWNER, HOSTPATH_SPEC, _serve_style_baseline(), 1),
     "canary-service": lambda: build_canary_service(OWNER, baseline_service()),
     "promoted-baseline-patch": lambda: build_promoted_baseline(OWNER, SPEC, H, baseline_manifest()),
-    "canary-deployment-protected": lambda: build_canary_deployment(OWNER, PROTECTED_SPEC, baseline_manifest(), 1),
+    "canary-deployment-protected": lambda: build_canary_workload(OWNER, PROTECTED_SPEC, baseline_manifest(), 1),
     "verification-job-query-protected": lambda: build_verification_job(
         OWNER,
         PROTECTED_SPEC,
@@ -99,6 +100,10 @@ CASES: dict[str, Any] = {
     "calibration-configmap-query": lambda: build_calibration_configmap(
         OWNER, PROTECTED_SPEC, spec_hash(PROTECTED_SPEC)
     ),
+    "canary-statefulset": lambda: build_canary_workload(OWNER, STATEFULSET_SPEC, statefulset_manifest(), 1),
+    "promoted-statefulset-patch": lambda: build_promoted_baseline(
+        OWNER, STATEFULSET_SPEC, spec_hash(STATEFULSET_SPEC), statefulset_manifest()
+    ),
 }
 
 
@@ -113,7 +118,7 @@ def test_golden(name: str) -> None:
     assert manifest == yaml.safe_load(path.read_text()), f"{name} differs from {path} (UPDATE_GOLDEN=1 to accept)"
 
 
-CHILDREN = [n for n in CASES if n != "promoted-baseline-patch"]
+CHILDREN = [n for n in CASES if not n.startswith("promoted-")]
 
 
 @pytest.mark.parametrize("name", CHILDREN)
@@ -249,7 +254,7 @@ def test_names_are_deterministic_and_fit_a_label() -> None:
 
 
 def test_canary_runs_the_checkpoint_with_fp8_kv() -> None:
-    canary = build_canary_deployment(OWNER, SPEC, baseline_manifest(), 2)
+    canary = build_canary_workload(OWNER, SPEC, baseline_manifest(), 2)
     args = canary["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--model") + 1] == "/kvcal/pvc/models/smollm2-fp8kv"
     assert args[args.index("--served-model-name") + 1] == "/models/smollm2"  # clients keep their model name
@@ -261,7 +266,7 @@ def test_canary_runs_the_checkpoint_with_fp8_kv() -> None:
 
 
 def test_serve_style_baseline_keeps_other_flags_and_drops_kv_overrides() -> None:
-    canary = build_canary_deployment(OWNER, HOSTPATH_SPEC, _serve_style_baseline(), 1)
+    canary = build_canary_workload(OWNER, HOSTPATH_SPEC, _serve_style_baseline(), 1)
     sidecar, vllm = canary["spec"]["template"]["spec"]["containers"]
     assert sidecar == {"name": "sidecar", "image": "busybox"}
     assert vllm["args"][0] == "/kvcal/host/" + vllm["args"][0].rsplit("/", 1)[1]
@@ -279,7 +284,7 @@ def test_model_argument_must_be_found() -> None:
 def test_unknown_container_is_named() -> None:
     bad = spec(serving={"baseline": {"deployment": "llm", "service": "llm", "container": "server"}})
     with pytest.raises(BaselineError, match=r"no container 'server'.*vllm"):
-        build_canary_deployment(OWNER, bad, baseline_manifest(), 1)
+        build_canary_workload(OWNER, bad, baseline_manifest(), 1)
 
 
 def test_promotion_never_drops_below_ready_replicas_and_is_idempotent() -> None:
@@ -312,7 +317,7 @@ def test_owner_reference_points_at_the_kvcalibration() -> None:
 
 
 def test_canary_gets_a_hardened_security_context_where_the_baseline_has_none() -> None:
-    pod = build_canary_deployment(OWNER, SPEC, baseline_manifest(), 1)["spec"]["template"]["spec"]
+    pod = build_canary_workload(OWNER, SPEC, baseline_manifest(), 1)["spec"]["template"]["spec"]
     assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
     vllm = pod["containers"][0]["securityContext"]
     assert vllm == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
@@ -320,7 +325,7 @@ def test_canary_gets_a_hardened_security_context_where_the_baseline_has_none() -
     own_pod = own["spec"]["template"]["spec"]
     own_pod["securityContext"] = {"runAsUser": 1000, "runAsNonRoot": True}
     own_pod["containers"][0]["securityContext"] = {"readOnlyRootFilesystem": True}
-    pod = build_canary_deployment(OWNER, SPEC, own, 1)["spec"]["template"]["spec"]
+    pod = build_canary_workload(OWNER, SPEC, own, 1)["spec"]["template"]["spec"]
     assert pod["securityContext"] == own_pod["securityContext"]  # the baseline's own choice is kept
     assert pod["containers"][0]["securityContext"] == {"readOnlyRootFilesystem": True}
 

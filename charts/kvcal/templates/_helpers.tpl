@@ -79,9 +79,10 @@ replays each call under the chart's ServiceAccount token).
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# The canary Deployment (created, scaled, deleted) and the baseline (read, scaled, promoted).
+# The canary workload (created, scaled, deleted) and the baseline (read, promoted), of the kind the baseline is:
+# a Deployment or a StatefulSet (spec.serving.baseline.kind). list: the canaries to delete with their KVCalibration.
 - apiGroups: ["apps"]
-  resources: ["deployments"]
+  resources: ["deployments", "statefulsets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Job pods: their termination messages carry the calibration and verification summaries.
 - apiGroups: [""]

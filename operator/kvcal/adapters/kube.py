@@ -54,6 +54,7 @@ _RESOURCES: dict[str, tuple[str, str]] = {
     "Job": ("/apis/batch/v1", "jobs"),
     "ConfigMap": ("/api/v1", "configmaps"),
     "Deployment": ("/apis/apps/v1", "deployments"),
+    "StatefulSet": ("/apis/apps/v1", "statefulsets"),
     "Service": ("/api/v1", "services"),
     "Pod": ("/api/v1", "pods"),
     "Event": ("/api/v1", "events"),

@@ -109,4 +109,4 @@ def fail(draft: Builder, reason: str, message: str) -> None:
 
 
 def no_baseline(spec: KVCalibrationSpec) -> str:
-    return f"waiting for the baseline Deployment {spec.serving.baseline.deployment}"
+    return f"waiting for the baseline {spec.serving.baseline.workload}"

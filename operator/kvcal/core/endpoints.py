@@ -69,7 +69,7 @@ def probe_urls(
 ) -> tuple[str, str]:
     """(baseline URL, canary URL): one ready pod each, addressed by pod IP and the Service's target port."""
     if baseline is None:
-        raise NoEndpoint("the baseline Deployment is gone")
+        raise NoEndpoint("the baseline workload is gone")
     selector: Mapping[str, str] = baseline["spec"]["selector"].get("matchLabels") or {}
     pods = list(pods)
     base = _pick(pods, selector, canary=False)

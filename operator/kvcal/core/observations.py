@@ -17,7 +17,7 @@ RETRY_ANNOTATION = "kvcal.dev/retry"
 # Calibrate anew (a terminal object never restarts by itself, not even on a spec change).
 RECALIBRATE_ANNOTATION = "kvcal.dev/recalibrate"
 GATE_ANNOTATIONS = (PROMOTE_ANNOTATION, ABORT_ANNOTATION, RETRY_ANNOTATION, RECALIBRATE_ANNOTATION)
-ChildKind = Literal["Job", "ConfigMap", "Deployment", "Service"]
+ChildKind = Literal["Job", "ConfigMap", "Deployment", "StatefulSet", "Service"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,9 @@ class JobState:
 
 @dataclass(frozen=True)
 class DeploymentState:
+    """The rollout state of a baseline or canary workload, in the Deployment's terms whatever its kind (the reconciler
+    maps a StatefulSet's status onto the same fields: services.reconciler.workload_state)."""
+
     manifest: Manifest
     replicas: int
     ready_replicas: int = 0
@@ -38,13 +41,17 @@ class DeploymentState:
     available_replicas: int = 0
     generation: int = 1
     observed_generation: int = 0
+    # Only a Deployment reports it (its Progressing condition); a StatefulSet has no progress deadline.
     progress_deadline_exceeded: bool = False
+    # A StatefulSet whose currentRevision is not yet its updateRevision: its controller has not finished the rollout.
+    revision_pending: bool = False
 
     @property
     def rolled_out(self) -> bool:
-        """The Deployment controller has seen the latest template and every replica runs it and is available."""
+        """The controller has seen the latest template and every replica runs it and is available."""
         return (
-            self.observed_generation >= self.generation
+            not self.revision_pending
+            and self.observed_generation >= self.generation
             and self.updated_replicas >= self.replicas
             and self.available_replicas >= self.replicas
             and self.ready_replicas >= self.replicas

@@ -38,12 +38,13 @@ SERVICE_IP = "10.0.0.1"  # the first address of SERVICE_CIDR: the `kubernetes` S
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 # What the operator and its tests need: owner-reference garbage collection, Jobs, Deployments (through ReplicaSets),
-# namespace deletion, per-namespace `default` ServiceAccounts and kube-root-ca.crt, TTL of finished Jobs.
+# StatefulSets, namespace deletion, per-namespace `default` ServiceAccounts and kube-root-ca.crt, TTL of finished Jobs.
 CONTROLLERS = (
     "garbage-collector-controller",
     "job-controller",
     "deployment-controller",
     "replicaset-controller",
+    "statefulset-controller",
     "namespace-controller",
     "serviceaccount-controller",
     "serviceaccount-token-controller",

@@ -1,8 +1,8 @@
 """The kopf wiring. Handlers only translate kopf's callbacks into Reconciler calls.
 
-- Watch events on a KVCalibration or one of its Jobs / canary Deployment, or on the baseline it promoted (ids
-  `kvcal-wake-*`) queue a reconcile pass of it in handlers.workqueue, whose few workers also run the timed passes (the
-  pass's requeue delay).
+- Watch events on a KVCalibration or one of its Jobs / canary workload (a Deployment or StatefulSet, as the
+  baseline), or on the baseline it promoted (ids `kvcal-wake-*`) queue a reconcile pass of it in
+  handlers.workqueue, whose few workers also run the timed passes (the pass's requeue delay).
 - On delete (id `kvcal-cleanup`) the finalizer `kvcal.dev/finalizer` holds the object until the canary is out of
   traffic (0% read back from the router, then spec.serving.traffic.drainDelay) and the canary, Services, Jobs and
   ConfigMaps are gone; the baseline is never touched.
@@ -27,6 +27,8 @@ from kvcal.services.reconciler import Reconciler
 
 log = logging.getLogger(__name__)
 FINALIZER = "kvcal.dev/finalizer"
+# The workload kinds a baseline (and so its canary) may be (models.spec.WorkloadKind): (plural, handler id suffix).
+WORKLOAD_WATCHES = (("deployments", ""), ("statefulsets", "-statefulset"))
 STORAGE_PREFIX = "kvcal.dev"
 
 
@@ -90,7 +92,6 @@ def build_registry(reconciler: Reconciler, queue: WorkQueue, api: client.ApiClie
     async def wake_from_job(body: kopf.Body, namespace: str | None, **_: Any) -> None:
         queue.wake(namespace, _owner_of(body))
 
-    @kopf.on.event("apps", "v1", "deployments", labels=managed, id="kvcal-wake-canary", registry=registry)
     async def wake_from_canary(body: kopf.Body, namespace: str | None, **_: Any) -> None:
         queue.wake(namespace, _owner_of(body))
 
@@ -98,11 +99,18 @@ def build_registry(reconciler: Reconciler, queue: WorkQueue, api: client.ApiClie
     # a sync or an edit that reverts the promotion wakes that object at once (core.rollout.reverts).
     promoted = {PROMOTED_ANNOTATION: kopf.PRESENT}
 
-    @kopf.on.event("apps", "v1", "deployments", annotations=promoted, id="kvcal-wake-promoted", registry=registry)
     async def wake_from_promoted(body: kopf.Body, **_: Any) -> None:
         marker = str(body.get("metadata", {}).get("annotations", {}).get(PROMOTED_ANNOTATION, ""))
         namespace, name_at_hash = marker.partition("/")[::2]
         queue.wake(namespace, name_at_hash.rpartition("@")[0])
+
+    for plural, suffix in WORKLOAD_WATCHES:  # the ids of Deployments stay as they were before StatefulSets
+        kopf.on.event("apps", "v1", plural, labels=managed, id=f"kvcal-wake-canary{suffix}", registry=registry)(
+            wake_from_canary
+        )
+        kopf.on.event("apps", "v1", plural, annotations=promoted, id=f"kvcal-wake-promoted{suffix}", registry=registry)(
+            wake_from_promoted
+        )
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, id="kvcal-cleanup", registry=registry)
     async def cleanup(name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:

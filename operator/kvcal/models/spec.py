@@ -188,12 +188,24 @@ class CalibrationSpec(SpecModel):
         return no_parent_segments(output, "spec.calibration.output")
 
 
+# The workload kinds a baseline may be (core.manifests.workload maps each to its API group and rollout fields).
+WorkloadKind = Literal["Deployment", "StatefulSet"]
+
+
 class BaselineRef(SpecModel):
+    # The name of the baseline workload, of `kind`; called `deployment` since Deployments came first, so every spec
+    # written before `kind` existed keeps its meaning.
     deployment: str = Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    kind: WorkloadKind = "Deployment"
     service: str = Field(max_length=63, pattern=DNS_LABEL_PATTERN)
     container: str | None = Field(
         default=None, max_length=63, description="Container running vLLM; default: the first one"
     )
+
+    @property
+    def workload(self) -> str:
+        """'Deployment NAME' or 'StatefulSet NAME', as messages name the baseline."""
+        return f"{self.kind} {self.deployment}"
 
 
 class ProtectedLayers(SpecModel):

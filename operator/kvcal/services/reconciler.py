@@ -53,7 +53,7 @@ from kvcal.core.spechash import effective_spec_hash
 from kvcal.core.timestamps import parse_rfc3339, rfc3339
 from kvcal.metrics import OperatorMetrics
 from kvcal.models.errors import describe
-from kvcal.models.spec import KVCalibrationSpec
+from kvcal.models.spec import KVCalibrationSpec, WorkloadKind
 from kvcal.models.status import ConditionType, KVCalibrationStatus, Measurement, Phase
 from kvcal.ports import AnalysisBackends, Conflict, Kube, Manifest, Target
 from kvcal.services.failures import describe_failure
@@ -106,23 +106,29 @@ def job_state(job: Manifest | None, message: Callable[[str], str | None]) -> Job
     return JobState(name, "Running", deleting=deleting)
 
 
-def deployment_state(deployment: Manifest | None) -> DeploymentState | None:
-    if deployment is None:
+def workload_state(kind: WorkloadKind, workload: Manifest | None) -> DeploymentState | None:
+    """A Deployment's or StatefulSet's rollout state. Both report replicas, readyReplicas, updatedReplicas,
+    availableReplicas and observedGeneration with the same meaning. Only a Deployment has a progress deadline (its
+    Progressing condition); a StatefulSet has none, so kvcal waits for it, saying how many pods are ready, until it
+    is ready or aborted. A StatefulSet's rollout is finished once its currentRevision is its updateRevision."""
+    if workload is None:
         return None
-    status = deployment.get("status") or {}
+    status = workload.get("status") or {}
     stuck = any(
         c.get("type") == "Progressing" and c.get("status") == "False" and c.get("reason") == "ProgressDeadlineExceeded"
         for c in status.get("conditions") or []
     )
+    pending = kind == "StatefulSet" and status.get("currentRevision") != status.get("updateRevision")
     return DeploymentState(
-        manifest=deployment,
-        replicas=int(deployment["spec"].get("replicas", 1)),
+        manifest=workload,
+        replicas=int(workload["spec"].get("replicas", 1)),
         ready_replicas=int(status.get("readyReplicas", 0)),
         updated_replicas=int(status.get("updatedReplicas", 0)),
         available_replicas=int(status.get("availableReplicas", 0)),
-        generation=int(deployment["metadata"].get("generation", 1)),
+        generation=int(workload["metadata"].get("generation", 1)),
         observed_generation=int(status.get("observedGeneration", 0)),
         progress_deadline_exceeded=stuck,
+        revision_pending=pending,
     )
 
 
@@ -303,10 +309,11 @@ class Reconciler:
         def job(field: str, name: str) -> JobState | None:
             return job_state(self.kube.get("Job", ns, name), message) if field in needs else None
 
-        def deployment(field: str, name: str) -> DeploymentState | None:
-            return deployment_state(self.kube.get("Deployment", ns, name)) if field in needs else None
-
         baseline = spec.serving.baseline
+
+        def workload(field: str, name: str) -> DeploymentState | None:  # the canary has the baseline's kind
+            return workload_state(baseline.kind, self.kube.get(baseline.kind, ns, name)) if field in needs else None
+
         serving_job_name = status.serving.verification.job if status.phase == Phase.SUCCEEDED else None
         serving_job = (
             job_state(self.kube.get("Job", ns, serving_job_name), lambda job: self.kube.termination_message(ns, job))
@@ -319,8 +326,8 @@ class Reconciler:
             gates=gates,
             calibration_job=job("calibration_job", calibration_job_name(owner.name, current_hash)),
             verification_job=job("verification_job", verification_job_name(owner.name, current_hash)),
-            canary=deployment("canary", canary_name(owner.name)),
-            baseline=deployment("baseline", baseline.deployment),
+            canary=workload("canary", canary_name(owner.name)),
+            baseline=workload("baseline", baseline.deployment),
             baseline_service=self.kube.get("Service", ns, baseline.service) if "baseline_service" in needs else None,
             policy=self.policy,
             routed_weight=self.routed_weight(owner, spec) if "routed_weight" in needs else None,
@@ -381,10 +388,10 @@ class Reconciler:
     def probe_urls(self, target: Target) -> tuple[str, str]:
         """One ready pod of each role by pod IP (see core.endpoints: the baseline Service also reaches the canary)."""
         ns, baseline = target.namespace, target.spec.serving.baseline
-        deployment = self.kube.get("Deployment", ns, baseline.deployment)
-        selector = ((deployment or {}).get("spec", {}).get("selector") or {}).get("matchLabels") or {}
-        pods = self.kube.list("Pod", ns, selector) if deployment else []
-        return probe_urls(target.name, pods, deployment, self.kube.get("Service", ns, baseline.service))
+        workload = self.kube.get(baseline.kind, ns, baseline.deployment)
+        selector = ((workload or {}).get("spec", {}).get("selector") or {}).get("matchLabels") or {}
+        pods = self.kube.list("Pod", ns, selector) if workload else []
+        return probe_urls(target.name, pods, workload, self.kube.get("Service", ns, baseline.service))
 
     def act(self, owner: Owner, decision: Decision, target: Target | None) -> None:
         ns = owner.namespace
@@ -420,7 +427,7 @@ class Reconciler:
             return Cleanup(retry_after=retry_after)
         removed: list[str] = []
         selector = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_CALIBRATION: label_value(name)}
-        kinds: tuple[ChildKind, ...] = ("Deployment", "Service", "Job", "ConfigMap")
+        kinds: tuple[ChildKind, ...] = ("Deployment", "StatefulSet", "Service", "Job", "ConfigMap")
         for kind in kinds:
             for child in self.kube.list(kind, namespace, selector):
                 child_name = child["metadata"]["name"]
@@ -442,7 +449,8 @@ class Reconciler:
         owner = Owner(meta["name"], meta["namespace"], meta["uid"])
         obs = Observations(owner=owner, generation=int(meta.get("generation", 1)))
         if spec is not None:
-            canary = deployment_state(self.kube.get("Deployment", owner.namespace, canary_name(owner.name)))
+            kind = spec.serving.baseline.kind
+            canary = workload_state(kind, self.kube.get(kind, owner.namespace, canary_name(owner.name)))
             obs = Observations(**{**obs.__dict__, "canary": canary, "routed_weight": self.routed_weight(owner, spec)})
         decision = decide_deletion(spec, status, obs, now)
         self.act(owner, decision, self._target(owner, spec) if spec else None)

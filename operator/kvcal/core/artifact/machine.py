@@ -137,9 +137,9 @@ def refuse_served_output(draft: Builder, spec: KVCalibrationSpec) -> bool:
     served = output_in_use(spec, draft.obs.baseline.manifest)
     if served is None:
         return False
-    deployment = spec.serving.baseline.deployment
     message = (
-        f"spec.calibration.output {spec.calibration.output} is in {served} of the baseline Deployment {deployment}: "
+        f"spec.calibration.output {spec.calibration.output} is in {served} of the baseline "
+        f"{spec.serving.baseline.workload}: "
         "calibrating there would overwrite what it serves; choose a new spec.calibration.output"
     )
     draft.condition("Calibrated", "False", "OutputInUse", message)

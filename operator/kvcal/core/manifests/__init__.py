@@ -2,8 +2,8 @@
 
 from kvcal.core.manifests.canary import (
     BaselineError,
-    build_canary_deployment,
     build_canary_service,
+    build_canary_workload,
     is_promoted,
 )
 from kvcal.core.manifests.common import (
@@ -31,8 +31,8 @@ __all__ = [
     "Owner",
     "build_calibration_configmap",
     "build_calibration_job",
-    "build_canary_deployment",
     "build_canary_service",
+    "build_canary_workload",
     "build_promoted_baseline",
     "build_verification_job",
     "calibration_job_name",

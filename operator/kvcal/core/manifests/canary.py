@@ -1,4 +1,5 @@
-"""The canary Deployment and Service, derived from the baseline (core.manifests.promotion rolls the baseline).
+"""The canary workload (of the baseline's kind) and Service, derived from the baseline (core.manifests.promotion rolls
+the baseline).
 
 The canary is the baseline's pod template with one change: the vLLM container serves the calibrated checkpoint with
 FP8 KV. Image, resources, volumes, probes, tensor-parallel flags stay the same, so the comparison measures the KV
@@ -22,6 +23,7 @@ from kvcal.core.manifests.common import (
     volumes_and_mounts,
 )
 from kvcal.core.manifests.jobs import checkpoint_location
+from kvcal.core.manifests.workload import API_VERSION, canary_workload_fields
 from kvcal.core.protected import skip_layer_args
 from kvcal.models.spec import KVCalibrationSpec
 
@@ -32,7 +34,7 @@ _DROPPED_FLAGS = (vllm_flags.KV_CACHE_DTYPE, vllm_flags.CALCULATE_KV_SCALES, vll
 
 
 class BaselineError(ValueError):
-    """The baseline Deployment cannot be turned into a canary (names the field and the fix)."""
+    """The baseline workload cannot be turned into a canary (names the field and the fix)."""
 
 
 def baseline_container_index(deployment: Manifest, container: str | None) -> int:
@@ -128,9 +130,10 @@ def canary_selector_labels(owner: Owner) -> dict[str, str]:
     return {LABEL_ROLE: "canary", LABEL_CALIBRATION: label_value(owner.name)}
 
 
-def build_canary_deployment(owner: Owner, spec: KVCalibrationSpec, baseline: Manifest, replicas: int) -> Manifest:
-    """The baseline's pod template serving the calibrated checkpoint; pods keep the baseline's labels (so the
-    baseline Service's selector still matches them: traffic splits by replica ratio) plus role=canary."""
+def build_canary_workload(owner: Owner, spec: KVCalibrationSpec, baseline: Manifest, replicas: int) -> Manifest:
+    """The baseline's pod template serving the calibrated checkpoint, in a workload of the baseline's kind; pods keep
+    the baseline's labels (so the baseline Service's selector still matches them: traffic splits by replica ratio)
+    plus role=canary."""
     template = baseline["spec"]["template"]
     selector: dict[str, Any] = copy.deepcopy(baseline["spec"]["selector"])
     selector["matchLabels"] = {**selector.get("matchLabels", {}), **canary_selector_labels(owner)}
@@ -138,19 +141,18 @@ def build_canary_deployment(owner: Owner, spec: KVCalibrationSpec, baseline: Man
     pod_meta: Manifest = {"labels": pod_labels}
     if template.get("metadata", {}).get("annotations"):
         pod_meta["annotations"] = dict(template["metadata"]["annotations"])
-    deployment: Manifest = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
+    kind = spec.serving.baseline.kind
+    return {
+        "apiVersion": API_VERSION,
+        "kind": kind,
         "metadata": metadata(owner, canary_name(owner.name), "canary", {LABEL_ROLE: "canary"}),
         "spec": {
             "replicas": replicas,
             "selector": selector,
             "template": {"metadata": pod_meta, "spec": fp8_pod_spec(baseline, spec)},
+            **canary_workload_fields(kind, baseline),
         },
     }
-    if "strategy" in baseline["spec"]:
-        deployment["spec"]["strategy"] = copy.deepcopy(baseline["spec"]["strategy"])
-    return deployment
 
 
 def build_canary_service(owner: Owner, baseline_service: Manifest) -> Manifest:

@@ -2,7 +2,7 @@
 
 kvcal does not own the baseline (Git and Argo CD, Helm or a person do), so the promotion is applied as field manager
 `kvcal` and names nothing but what it changes: the vLLM container's args (its command too when the model is named
-there), the checkpoint's volume and mount, the rollout strategy that never drops below the ready replicas, the
+there), the checkpoint's volume and mount, the rollout strategy of the baseline's kind (core.manifests.workload), the
 hardening the canary added, and the marker annotations. The API server records these fields as kvcal's
 (managedFields), which is what Argo CD's `ignoreDifferences.managedFieldsManagers: [kvcal]` keeps out of its diff;
 every other field of the baseline stays with its owner, so a later Git change to them still lands.
@@ -20,6 +20,7 @@ from kvcal.core.manifests.canary import (
 )
 from kvcal.core.manifests.common import Manifest, Owner, container_security_context, volumes_and_mounts
 from kvcal.core.manifests.jobs import checkpoint_location
+from kvcal.core.manifests.workload import API_VERSION, promotion_rollout_fields
 from kvcal.models.spec import KVCalibrationSpec
 
 FIELD_MANAGER = "kvcal"
@@ -47,11 +48,10 @@ def build_promoted_baseline(owner: Owner, spec: KVCalibrationSpec, spec_hash: st
         pod_fields["volumes"] = volumes
     if pod.get("securityContext") in (None, {}, _POD_HARDENING):
         pod_fields["securityContext"] = _POD_HARDENING
-    strategy = baseline["spec"].get("strategy", {})
-    surge = strategy.get("rollingUpdate", {}).get("maxSurge", 1)
+    kind = spec.serving.baseline.kind
     return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
+        "apiVersion": API_VERSION,
+        "kind": kind,
         "metadata": {
             "name": baseline["metadata"]["name"],
             "namespace": owner.namespace,
@@ -60,15 +60,12 @@ def build_promoted_baseline(owner: Owner, spec: KVCalibrationSpec, spec_hash: st
                 CHECKPOINT_ANNOTATION: checkpoint.uri,
             },
         },
-        "spec": {
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": surge}},
-            "template": {"spec": pod_fields},
-        },
+        "spec": {**promotion_rollout_fields(kind, baseline), "template": {"spec": pod_fields}},
     }
 
 
 def promotion_patch(applied: Manifest) -> Manifest:
     """The promotion as a strategic-merge patch to commit beside the baseline (kustomize `patches:`, or merged into
-    the Deployment's YAML by hand): the apply configuration without a namespace, so it matches wherever it lands."""
+    the workload's YAML by hand): the apply configuration without a namespace, so it matches wherever it lands."""
     metadata = {key: value for key, value in applied["metadata"].items() if key != "namespace"}
     return {**applied, "metadata": metadata}

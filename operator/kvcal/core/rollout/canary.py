@@ -8,9 +8,15 @@ from kvcal.core.observations import Delete, SetWeight
 from kvcal.models.spec import KVCalibrationSpec
 
 
+def canary_deletes(draft: Builder) -> tuple[Delete, Delete]:
+    """The canary workload (of the baseline's kind; a Deployment when the spec cannot be read) and its Service."""
+    name = canary_name(draft.obs.owner.name)
+    kind = draft.spec.serving.baseline.kind if draft.spec is not None else "Deployment"
+    return Delete(kind, name), Delete("Service", name)
+
+
 def remove_children(draft: Builder, *, include_jobs: bool) -> None:
-    name = draft.obs.owner.name
-    draft.do(SetWeight(0), Delete("Deployment", canary_name(name)), Delete("Service", canary_name(name)))
+    draft.do(SetWeight(0), *canary_deletes(draft))
     if include_jobs:
         for job in (draft.status.calibration.job, draft.status.verification.job):
             if job:
@@ -33,6 +39,5 @@ def remove_canary(draft: Builder, spec: KVCalibrationSpec) -> bool:
     if not drain.done:
         draft.wait(drain.message, drain.wait_seconds)
         return False
-    name = canary_name(draft.obs.owner.name)
-    draft.do(Delete("Deployment", name), Delete("Service", name))
+    draft.do(*canary_deletes(draft))
     return True

@@ -8,12 +8,13 @@ from kvcal.core.analysis import assess_run
 from kvcal.core.capacity import capacity_status, with_capacity
 from kvcal.core.draft import Builder, blocked, fail, no_baseline
 from kvcal.core.manifests import (
-    build_canary_deployment,
     build_canary_service,
+    build_canary_workload,
     build_promoted_baseline,
     canary_name,
     is_promoted,
 )
+from kvcal.core.manifests.workload import SHORT_NAMES
 from kvcal.core.observations import PROMOTE_ANNOTATION, Apply, ApplyOwnedFields, Delete, SetWeight
 from kvcal.core.policy import extra_args_violations
 from kvcal.core.rollout.canary import remove_canary
@@ -45,7 +46,7 @@ def deploying(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> Non
     name = canary_name(draft.obs.owner.name)
     canary = draft.obs.canary
     if canary is None or canary.replicas != plan.canary_replicas:
-        draft.do(Apply(build_canary_deployment(draft.obs.owner, spec, baseline.manifest, plan.canary_replicas)))
+        draft.do(Apply(build_canary_workload(draft.obs.owner, spec, baseline.manifest, plan.canary_replicas)))
         if draft.obs.baseline_service is not None:
             draft.do(Apply(build_canary_service(draft.obs.owner, draft.obs.baseline_service)))
     ready = canary.ready_replicas if canary is not None else 0
@@ -77,8 +78,9 @@ def deploying(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> Non
 def analyzing(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> None:
     canary = draft.obs.canary
     if canary is None:
-        draft.condition("CanaryReady", "False", "Missing", "the canary Deployment disappeared")
-        draft.move(Phase.DEPLOYING, "CanaryMissing", "the canary Deployment disappeared: re-creating it")
+        gone = f"the canary {spec.serving.baseline.kind} disappeared"
+        draft.condition("CanaryReady", "False", "Missing", gone)
+        draft.move(Phase.DEPLOYING, "CanaryMissing", f"{gone}: re-creating it")
         return
     draft.update(canary=draft.status.canary.model_copy(update={"ready_replicas": canary.ready_replicas}))
     at, readings = rfc3339(draft.now), draft.obs.kv_cache
@@ -154,7 +156,7 @@ def promoting(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> Non
     baseline = draft.obs.baseline
     if baseline is None:
         draft.condition("Promoted", "False", "BaselineNotFound", no_baseline(spec))
-        fail(draft, "PromotionFailed", f"the baseline Deployment {spec.serving.baseline.deployment} disappeared")
+        fail(draft, "PromotionFailed", f"the baseline {spec.serving.baseline.workload} disappeared")
         return
     name = spec.serving.baseline.deployment
     if not is_promoted(baseline.manifest, draft.obs.owner, current_hash):
@@ -224,10 +226,10 @@ def _baseline_scaled_to_zero(draft: Builder, spec: KVCalibrationSpec) -> bool:
     baseline = draft.obs.baseline
     if baseline is None or baseline.replicas >= 1:
         return False
-    deployment, ns, name = spec.serving.baseline.deployment, draft.obs.owner.namespace, draft.obs.owner.name
+    ref, ns, name = spec.serving.baseline, draft.obs.owner.namespace, draft.obs.owner.name
     message = (
-        f"the baseline Deployment {deployment} has 0 replicas: scale it up "
-        f"(kubectl scale deploy/{deployment} -n {ns} --replicas=N) or abort (kvcal abort {name} -n {ns})"
+        f"the baseline {ref.workload} has 0 replicas: scale it up (kubectl scale {SHORT_NAMES[ref.kind]}/"
+        f"{ref.deployment} -n {ns} --replicas=N) or abort (kvcal abort {name} -n {ns})"
     )
     draft.condition("CanaryReady", "False", "BaselineScaledToZero", message)
     blocked(draft, "BaselineScaledToZero", message, 30.0)
