@@ -11,7 +11,7 @@ Each simulated rollout is one analysis step of 60 s intervals run until it passe
 Rows, all on the same simulated rollouts:
 - ``kvcal rank (operator)``: the default spec; each interval goes through the operator's own functions
   (kvcal.core.ranktest.assess_latency_check with the interval's and the step's buckets, assess_requests, then
-  assess_run with the spec's limits and status counters), exactly what PrometheusMetrics.measure + decide do;
+  assess_run with the spec's limits and status counters), exactly what PrometheusSource.measure + decide do;
 - ``kvcal quantile (today)``: the same with ``test: quantile`` (one interval's p95 vs baseline x 1.10);
 - ``Flagger-like``: the canary's p95 alone vs a fixed maximum (nominal baseline p95 x 1.10); rolls back after 2
   failed checks, promotes after 5 passed ones;

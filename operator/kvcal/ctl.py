@@ -15,7 +15,8 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, ValidationError
 
-from kvcal.adapters.kube import GROUP, PLURAL, VERSION
+from kvcal.adapters.kubeconfig import connect
+from kvcal.core.manifests.common import GROUP, PLURAL, VERSION
 from kvcal.core.observations import ABORT_ANNOTATION, PROMOTE_ANNOTATION, RECALIBRATE_ANNOTATION, RETRY_ANNOTATION
 from kvcal.core.phases import LIFECYCLE, Lifecycle
 from kvcal.core.timestamps import rfc3339
@@ -46,18 +47,10 @@ HELP = {
 
 def _api(args: argparse.Namespace) -> tuple[client.CustomObjectsApi, str]:
     try:
-        api_client = config.new_client_from_config(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
-        _, context = config.list_kube_config_contexts(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
-        default_ns = context.get("context", {}).get("namespace") or "default"
+        connection = connect(args.kubeconfig)
     except config.ConfigException as exc:
-        try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-        except config.ConfigException:
-            raise SystemExit(
-                f"kvcal: no cluster to talk to ({exc}); pass --kubeconfig FILE or set KUBECONFIG"
-            ) from None
-        api_client, default_ns = client.ApiClient(), "default"
-    return client.CustomObjectsApi(api_client), args.namespace or default_ns
+        raise SystemExit(f"kvcal: no cluster to talk to ({exc}); pass --kubeconfig FILE or set KUBECONFIG") from None
+    return client.CustomObjectsApi(connection.api_client), args.namespace or connection.namespace
 
 
 def _get(api: client.CustomObjectsApi, namespace: str, name: str) -> dict[str, Any] | None:

@@ -5,10 +5,11 @@ $KVCAL_CACHE/models/, keyed by the GGUF's content hash. Conversion writes to a t
 import hashlib
 import importlib.util
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from kvcal.local import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -22,10 +23,6 @@ END_OF_TURN = "<|im_end|>"
 
 class DemoUnavailable(RuntimeError):
     """The demo model package is missing or unusable; the message says how to install it."""
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("KVCAL_CACHE", Path.home() / ".cache" / "kvcal"))
 
 
 def find_gguf() -> Path:

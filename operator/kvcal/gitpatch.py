@@ -11,21 +11,15 @@ import argparse
 import sys
 
 import yaml
-from kubernetes import config
 
 from kvcal.adapters.kube import KubeClient
+from kvcal.adapters.kubeconfig import connect
 from kvcal.core.manifests import Owner, build_promoted_baseline
 from kvcal.core.manifests.promotion import promotion_patch
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import Phase
 
 HELP = "print the promotion of a KVCalibration as a patch to commit to Git (kustomize patch + plain values)"
-
-
-def _kube(kubeconfig: str | None) -> tuple[KubeClient, str]:
-    api_client = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-    _, context = config.list_kube_config_contexts(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-    return KubeClient(api_client), context.get("context", {}).get("namespace") or "default"
 
 
 def _flow(value: object) -> str:
@@ -48,8 +42,8 @@ def render(patch: dict[str, object]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    kube, default_namespace = _kube(args.kubeconfig)
-    namespace = args.namespace or default_namespace
+    connection = connect(args.kubeconfig, in_cluster=False)
+    kube, namespace = KubeClient(connection.api_client), args.namespace or connection.namespace
     obj = kube.get("KVCalibration", namespace, args.name)
     if obj is None:
         print(f"KVCalibration {args.name!r} not found in namespace {namespace!r}", file=sys.stderr)

@@ -14,12 +14,10 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from kvcal.adapters.kube import GROUP, VERSION
-from kvcal.core.manifests.common import KIND
+from kvcal.core.manifests.common import API_VERSION, KIND
 from kvcal.models.errors import describe
 from kvcal.models.spec import KVCalibrationSpec
 
-API_VERSION = f"{GROUP}/{VERSION}"
 TOP_LEVEL_FIELDS = frozenset({"apiVersion", "kind", "metadata", "spec", "status"})
 HELP = "lint KVCalibration YAML files offline: every field the API server would reject, named (exit 1 on any)"
 

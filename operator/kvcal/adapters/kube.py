@@ -19,12 +19,12 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kvcal.core.timestamps import rfc3339
+from kvcal.core.manifests.common import API_VERSION, GROUP, PLURAL, VERSION
+from kvcal.core.timestamps import micro_time, rfc3339
 from kvcal.ports import Conflict, Kind, Manifest
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-GROUP, VERSION, PLURAL = "kvcal.dev", "v1alpha1", "kvcalibrations"
 MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply; JSON is YAML
 _TRANSIENT = frozenset({429, 500, 502, 503, 504})
@@ -59,6 +59,7 @@ _RESOURCES: dict[str, tuple[str, str]] = {
     "Pod": ("/api/v1", "pods"),
     "Event": ("/api/v1", "events"),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
+    "InferencePool": ("/apis/inference.networking.k8s.io/v1", "inferencepools"),
 }
 
 
@@ -107,15 +108,39 @@ class KubeClient:
 
         return retrying(call)
 
-    # --- ports.Kube ----------------------------------------------------------------------------------------------
-
-    def get(self, kind: Kind, namespace: str, name: str) -> Manifest | None:
+    def _get(self, kind: str, namespace: str, name: str) -> Manifest | None:
+        """GET; None when it does not exist."""
         try:
             return self.request("GET", kind, namespace, name)
         except ApiException as e:
             if e.status == 404:
                 return None
             raise
+
+    def _create(self, kind: str, manifest: Manifest) -> bool:
+        """POST; False when an object of that name exists already (the callers' names are deterministic)."""
+        try:
+            self.request("POST", kind, manifest["metadata"]["namespace"], body=manifest)
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+        return True
+
+    def _replace(self, kind: str, body: Manifest, subresource: str | None = None) -> None:
+        """PUT with the resourceVersion that was read; a stale one (409) raises Conflict."""
+        meta = body["metadata"]
+        try:
+            self.request("PUT", kind, meta["namespace"], meta["name"], subresource=subresource, body=body)
+        except ApiException as e:
+            if e.status == 409:
+                raise Conflict(f"{kind} {meta['namespace']}/{meta['name']} changed since it was read") from e
+            raise
+
+    # --- ports.Kube ----------------------------------------------------------------------------------------------
+
+    def get(self, kind: Kind, namespace: str, name: str) -> Manifest | None:
+        return self._get(kind, namespace, name)
 
     def list(self, kind: Kind, namespace: str, labels: Mapping[str, str]) -> list[Manifest]:
         selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
@@ -124,14 +149,7 @@ class KubeClient:
 
     def create(self, manifest: Manifest) -> bool:
         kind: Kind = manifest["kind"]
-        namespace = manifest["metadata"]["namespace"]
-        try:
-            self.request("POST", kind, namespace, body=manifest)
-        except ApiException as e:
-            if e.status == 409:
-                return False
-            raise
-        return True
+        return self._create(kind, manifest)
 
     def apply(self, manifest: Manifest) -> None:
         if self.create(manifest):
@@ -180,17 +198,12 @@ class KubeClient:
 
     def replace_status(self, namespace: str, name: str, resource_version: str, status: Manifest) -> None:
         body = {
-            "apiVersion": f"{GROUP}/{VERSION}",
+            "apiVersion": API_VERSION,
             "kind": "KVCalibration",
             "metadata": {"name": name, "namespace": namespace, "resourceVersion": resource_version},
             "status": status,
         }
-        try:
-            self.request("PUT", "KVCalibration", namespace, name, subresource="status", body=body)
-        except ApiException as e:
-            if e.status == 409:
-                raise Conflict(f"KVCalibration {namespace}/{name} changed since it was read") from e
-            raise
+        self._replace("KVCalibration", body, subresource="status")
 
     def remove_annotations(self, namespace: str, name: str, keys: Sequence[str]) -> None:
         self.patch("KVCalibration", namespace, name, {"metadata": {"annotations": dict.fromkeys(keys)}})
@@ -220,42 +233,22 @@ class KubeClient:
             "firstTimestamp": now,
             "lastTimestamp": now,
             # Microsecond time: several events of one reconcile share a second, and readers order by this.
-            "eventTime": moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "eventTime": micro_time(moment),
             "action": reason,
             "count": 1,
         }
-        try:
+        if name is None:  # a fresh name: nothing to collide with
             self.request("POST", "Event", meta["namespace"], body=body)
-        except ApiException as e:
-            if e.status == 409 and name is not None:
-                return False  # sent before (by this process or the one before a restart)
-            raise
-        return True
+            return True
+        return self._create("Event", body)  # False: sent before (by this process or the one before a restart)
 
     # --- ports.Leases (leader election) ---------------------------------------------------------------------------
 
     def read_lease(self, namespace: str, name: str) -> Manifest | None:
-        try:
-            return self.request("GET", "Lease", namespace, name)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        return self._get("Lease", namespace, name)
 
     def create_lease(self, lease: Manifest) -> bool:
-        try:
-            self.request("POST", "Lease", lease["metadata"]["namespace"], body=lease)
-        except ApiException as e:
-            if e.status == 409:
-                return False
-            raise
-        return True
+        return self._create("Lease", lease)
 
     def replace_lease(self, lease: Manifest) -> None:
-        meta = lease["metadata"]
-        try:
-            self.request("PUT", "Lease", meta["namespace"], meta["name"], body=lease)
-        except ApiException as e:
-            if e.status == 409:
-                raise Conflict(f"Lease {meta['namespace']}/{meta['name']} changed since it was read") from e
-            raise
+        self._replace("Lease", lease)

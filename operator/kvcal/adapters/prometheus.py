@@ -1,6 +1,6 @@
 """Metrics from Prometheus (its HTTP API over httpx): canary vs baseline over one window, assessed by the core.
 
-Implements ``kvcal.ports.Metrics``. Each query is rendered from ``kvcal.core.promql`` for each role; the canary's
+Implements ``kvcal.ports.MetricsSource``. Each query is rendered from ``kvcal.core.promql`` for each role; the canary's
 query is stored with its measurement (the baseline's differs only in its label matchers). The Prometheus queried is
 the one the cluster admin configured that the spec picks (``kvcal.core.policy.resolve_prometheus``), with its CA,
 client certificate and credentials; certificates are always verified. A Prometheus that cannot be used (no answer,
@@ -214,7 +214,7 @@ def estimate(client: QueryClient, query: str, quantile: float) -> float | None:
 Estimator = Literal["buckets", "histogram_quantile"]
 
 
-class PrometheusMetrics:
+class PrometheusSource:
     """Measures one KVCalibration's baseline and canary; ``selector`` ties series to roles (see core.promql).
 
     ``estimator="buckets"`` (default) reads the per-bucket rates and estimates quantiles with

@@ -25,11 +25,10 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     p = sub.add_parser(
         "calibrate",
         help="calibrate FP8 KV-cache scales for a checkpoint (llm-compressor)",
-        description="Calibrate FP8 (E4M3) KV-cache scales with llm-compressor, save the checkpoint with k_scale/v_scale"
-        " "
-        "and write kvcal-report.json, report.md and plots that compare BF16, FP8 scale 1.0, FP8 calibrated per tensor "
-        "and FP8 calibrated per head on the same held-out data, with KV bytes per token and the calibration data's "
-        "length coverage against the served context.",
+        description="Calibrate FP8 (E4M3) KV-cache scales with llm-compressor, save the checkpoint with "
+        "k_scale/v_scale and write kvcal-report.json, report.md and plots that compare BF16, FP8 scale 1.0, FP8 "
+        "calibrated per tensor and FP8 calibrated per head on the same held-out data, with KV bytes per token and the "
+        "calibration data's length coverage against the served context.",
     )
     p.add_argument("model_dir", nargs="?", type=Path, help="BF16 Hugging Face checkpoint folder")
     p.add_argument("--data", type=Path, help="JSONL file or folder ({'messages': [...]} or {'text': ...} per line)")
@@ -214,9 +213,9 @@ def run_cli(args: argparse.Namespace) -> int:
 
 
 def execute(config: CalibrationConfig, as_json: bool, termination_log: Path | None) -> int:
-    from kvcal.calibrator import report as R
     from kvcal.calibrator.data import DatasetError
     from kvcal.calibrator.preflight import InputError
+    from kvcal.calibrator.report import comparison_table, coverage_line, device_line, summary_json
     from kvcal.calibrator.run import calibrate
 
     try:
@@ -226,7 +225,7 @@ def execute(config: CalibrationConfig, as_json: bool, termination_log: Path | No
     except Exception as e:
         log.exception("calibration failed")
         return fail(f"calibration failed: {type(e).__name__}: {e}", 1, termination_log)
-    text = R.summary_json(report.summary)
+    text = summary_json(report.summary)
     if termination_log is not None:
         termination_log.write_text(text, encoding="utf-8")
     if as_json:
@@ -238,10 +237,10 @@ def execute(config: CalibrationConfig, as_json: bool, termination_log: Path | No
             f"{report.summary.tokens} tokens; holdout {report.provenance.holdout_samples} samples / "
             f"{report.end_to_end.tokens} tokens scored\n"
         )
-        print(R.comparison_table(report))
-        print("\n" + R.coverage_line(report))
+        print(comparison_table(report))
+        print("\n" + coverage_line(report))
         if report.device:
-            print("\n" + R.device_line(report.device))
+            print("\n" + device_line(report.device))
         print("\nTimings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in report.timings_seconds.items()))
     return 0
 

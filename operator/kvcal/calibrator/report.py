@@ -10,6 +10,7 @@ from pydantic import Field
 
 from kvcal.calibrator.coverage import LengthCoverage
 from kvcal.models.base import Model
+from kvcal.models.status import ClipStats
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -77,11 +78,6 @@ class EndToEnd(Model):
     fp8_calibrated: VariantResult = Field(description="The saved scales: equal to fp8Tensor or fp8Head by strategy")
     fp8_tensor: VariantResult | None = None
     fp8_head: VariantResult | None = None
-
-
-class ClipStats(Model):
-    k: float
-    v: float
 
 
 class SensitiveLayer(Model):

@@ -14,9 +14,7 @@ from typing import Any, Literal
 
 import torch
 
-from kvcal.calibrator import data as D
-from kvcal.calibrator import forward as F
-from kvcal.calibrator import report as R
+from kvcal.calibrator import data, forward
 from kvcal.calibrator.attention import model_attention
 from kvcal.calibrator.config import CalibrationConfig
 from kvcal.calibrator.coverage import LengthCoverage, length_coverage
@@ -38,7 +36,27 @@ from kvcal.calibrator.placement import (
 from kvcal.calibrator.preflight import InputError, ModelInfo, check_lengths, check_output, inspect_model
 from kvcal.calibrator.preflight import prepare_output as _prepare_output
 from kvcal.calibrator.recipe import choose_pipeline, read_query_scales, read_scales, run_oneshot
+from kvcal.calibrator.report import (
+    SCALE_SETS,
+    DeviceReport,
+    EndToEnd,
+    HeadStats,
+    LayerStats,
+    Percentiles,
+    PerScaleSet,
+    Provenance,
+    Report,
+    ScaleOrigin,
+    SensitiveLayer,
+    Summary,
+    VariantResult,
+    finite,
+    markdown,
+    plot,
+    write_json,
+)
 from kvcal.calibrator.taps import KINDS, Tap, TensorStats, attach, detach
+from kvcal.models.status import ClipStats
 from kvcal.verify.digest import sha256_files, weights_digest
 
 log = logging.getLogger(__name__)
@@ -57,8 +75,8 @@ PER_HEAD_SERVING = (
 
 @dataclass
 class DataPlan:
-    calibration: list[D.Sample]
-    holdout: list[D.Sample]
+    calibration: list[data.Sample]
+    holdout: list[data.Sample]
     buckets: dict[int, dict[str, float]]
     dataset_hash: str
     holdout_hash: str | None
@@ -78,20 +96,20 @@ class Timer:
             self.seconds[name] = time.perf_counter() - t
 
 
-Parsed = tuple[list[D.Record], list[D.Record] | None]  # calibration records, separate holdout records
+Parsed = tuple[list[data.Record], list[data.Record] | None]  # calibration records, separate holdout records
 
 
 def read_data(config: CalibrationConfig) -> Parsed:
-    return D.read_records(config.data), D.read_records(config.holdout_data) if config.holdout_data else None
+    return data.read_records(config.data), data.read_records(config.holdout_data) if config.holdout_data else None
 
 
-def plan_data(config: CalibrationConfig, tokenizer: D.Tokenizer, parsed: Parsed | None = None) -> DataPlan:
+def plan_data(config: CalibrationConfig, tokenizer: data.Tokenizer, parsed: Parsed | None = None) -> DataPlan:
     """Parse, tokenize, split, sample and truncate — everything about data that can fail, before the model loads."""
     records, held_out = parsed or read_data(config)
     if held_out is not None:
         pool, held = records, held_out
     else:
-        cal_ix, hold_ix = D.split_indices(len(records), config.holdout_fraction, config.seed)
+        cal_ix, hold_ix = data.split_indices(len(records), config.holdout_fraction, config.seed)
         if not hold_ix:
             raise InputError(f"{config.data}: {len(records)} record(s) leave nothing to hold out; add data")
         pool, held = [records[i] for i in cal_ix], [records[i] for i in hold_ix]
@@ -101,19 +119,19 @@ def plan_data(config: CalibrationConfig, tokenizer: D.Tokenizer, parsed: Parsed 
             f"{config.data}: asked for {wanted} calibration samples but only {len(pool)} are available "
             f"after holding out {len(records) - len(pool)}; lower --samples or add data"
         )
-    pool_ids = [D.render(r, tokenizer) for r in pool]
-    sel = D.select_by_length(
+    pool_ids = [data.render(r, tokenizer) for r in pool]
+    sel = data.select_by_length(
         [len(i) for i in pool_ids], wanted, config.length_buckets, config.length_distribution, config.seed
     )
-    held_ids = [D.render(r, tokenizer) for r in held]
+    held_ids = [data.render(r, tokenizer) for r in held]
     held_wanted = config.holdout_count(len(sel.indices), len(held))
     if held_wanted < len(held):  # along the held-out pool's own lengths
-        keep = D.select_by_length(
+        keep = data.select_by_length(
             [len(i) for i in held_ids], held_wanted, config.length_buckets, None, config.seed
         ).indices
         held, held_ids = [held[i] for i in keep], [held_ids[i] for i in keep]
-    cal = [D.truncate(pool_ids[i], config.max_seq_length, pool[i].source, pool[i].kind) for i in sel.indices]
-    hold = [D.truncate(ids, config.max_seq_length, r.source, r.kind) for r, ids in zip(held, held_ids, strict=True)]
+    cal = [data.truncate(pool_ids[i], config.max_seq_length, pool[i].source, pool[i].kind) for i in sel.indices]
+    hold = [data.truncate(ids, config.max_seq_length, r.source, r.kind) for r, ids in zip(held, held_ids, strict=True)]
     for name, samples in (("calibration", cal), ("holdout", hold)):
         cut = [s for s in samples if s.truncated]
         if cut:
@@ -129,8 +147,8 @@ def plan_data(config: CalibrationConfig, tokenizer: D.Tokenizer, parsed: Parsed 
         cal,
         hold,
         sel.buckets,
-        D.content_hash([config.data]),
-        D.content_hash([config.holdout_data]) if config.holdout_data else None,
+        data.content_hash([config.data]),
+        data.content_hash([config.holdout_data]) if config.holdout_data else None,
     )
 
 
@@ -168,8 +186,8 @@ def save_checkpoint(
             shutil.copy2(config.model_dir / name, config.out / name)
 
 
-def _percentiles(s: TensorStats, head: int) -> R.Percentiles:
-    return R.Percentiles(
+def _percentiles(s: TensorStats, head: int) -> Percentiles:
+    return Percentiles(
         absmax=float(s.absmax[head]), p999=float(s.percentile(0.999)[head]), p9999=float(s.percentile(0.9999)[head])
     )
 
@@ -181,43 +199,43 @@ def _per_head(scale: torch.Tensor, heads: int) -> list[float]:
 
 def build_layers(
     calib: dict[tuple[int, str], TensorStats], result: HoldoutResult, saved: ScaleSet, heads: int
-) -> list[R.LayerStats]:
+) -> list[LayerStats]:
     layers = []
     for i in range(len(saved["k"])):
-        per_kind: dict[str, list[R.HeadStats]] = {}
+        per_kind: dict[str, list[HeadStats]] = {}
         for kind in KINDS:
-            errs = {n: result.errors[(n, i, kind)] for n in R.SCALE_SETS}
+            errs = {n: result.errors[(n, i, kind)] for n in SCALE_SETS}
             clip = {n: e.clip_rate() for n, e in errs.items()}
             sqnr = {n: e.sqnr_db() for n, e in errs.items()}
             scale = _per_head(saved[kind][i], heads)
             per_kind[kind] = [
-                R.HeadStats(
+                HeadStats(
                     head=h,
                     scale=scale[h],
                     calibration=_percentiles(calib[(i, kind)], h),
                     holdout=_percentiles(result.observed[(i, kind)], h),
-                    holdout_clip_rate=R.PerScaleSet(**{n: float(clip[n][h]) for n in R.SCALE_SETS}),
-                    holdout_sqnr_db=R.PerScaleSet(**{n: R.finite(float(sqnr[n][h])) for n in R.SCALE_SETS}),
+                    holdout_clip_rate=PerScaleSet(**{n: float(clip[n][h]) for n in SCALE_SETS}),
+                    holdout_sqnr_db=PerScaleSet(**{n: finite(float(sqnr[n][h])) for n in SCALE_SETS}),
                 )
                 for h in range(heads)
             ]
-        layers.append(R.LayerStats(layer=i, k=per_kind["k"], v=per_kind["v"]))
+        layers.append(LayerStats(layer=i, k=per_kind["k"], v=per_kind["v"]))
     return layers
 
 
-def overall_clip(result: HoldoutResult, scale_set: str, layers: int) -> R.ClipStats:
+def overall_clip(result: HoldoutResult, scale_set: str, layers: int) -> ClipStats:
     rates = {}
     for kind in KINDS:
         errs = [result.errors[(scale_set, i, kind)] for i in range(layers)]
         rates[kind] = float(sum(e.clipped.sum() for e in errs) / max(sum(e.count.sum() for e in errs), 1))
-    return R.ClipStats(**rates)
+    return ClipStats(**rates)
 
 
-def sensitive_layers(layers: list[R.LayerStats], strategy: str) -> list[R.SensitiveLayer]:
+def sensitive_layers(layers: list[LayerStats], strategy: str) -> list[SensitiveLayer]:
     cal = "head" if strategy == "head" else "tensor"
     rows = []
     for layer in layers:
-        pairs: tuple[tuple[Literal["k", "v"], list[R.HeadStats]], ...] = (("k", layer.k), ("v", layer.v))
+        pairs: tuple[tuple[Literal["k", "v"], list[HeadStats]], ...] = (("k", layer.k), ("v", layer.v))
         for kind, heads in pairs:
             sqnr = min(getattr(h.holdout_sqnr_db, cal) for h in heads)
             oracle = min(h.holdout_sqnr_db.oracle for h in heads)
@@ -228,7 +246,7 @@ def sensitive_layers(layers: list[R.LayerStats], strategy: str) -> list[R.Sensit
             if oracle - sqnr > 1.0:
                 why.append(f"{oracle - sqnr:.1f} dB below the oracle scale")
             rows.append(
-                R.SensitiveLayer(layer=layer.layer, kind=kind, sqnr_db=sqnr, clip_rate=clip, reason="; ".join(why))
+                SensitiveLayer(layer=layer.layer, kind=kind, sqnr_db=sqnr, clip_rate=clip, reason="; ".join(why))
             )
     return sorted(rows, key=lambda r: r.sqnr_db)[:SENSITIVE_LAYERS]
 
@@ -238,13 +256,13 @@ def kv_bytes_per_token(info: ModelInfo, dtype: str) -> int:
     return info.layers * 2 * info.kv_heads * info.head_dim * BYTES_PER_ELEMENT[dtype]
 
 
-def end_to_end(result: HoldoutResult, info: ModelInfo, config: CalibrationConfig) -> R.EndToEnd:
+def end_to_end(result: HoldoutResult, info: ModelInfo, config: CalibrationConfig) -> EndToEnd:
     """The four variants on the same held-out tokens; the strategy not saved is derived from the same calibration
     statistics (static min-max) and marked simulated, as is per head where the serving backend may not use it."""
     m = {k: v.as_dict() for k, v in result.metrics.items()}
 
-    def variant(name: str, dtype: str, scales: R.ScaleOrigin, simulated: str | None = None) -> R.VariantResult:
-        return R.VariantResult(
+    def variant(name: str, dtype: str, scales: ScaleOrigin, simulated: str | None = None) -> VariantResult:
+        return VariantResult(
             nll=m[name]["nll"],
             kl_to_bf16=m[name]["kl"],
             top1_agreement=m[name]["top1"],
@@ -260,7 +278,7 @@ def end_to_end(result: HoldoutResult, info: ModelInfo, config: CalibrationConfig
     else:
         tensor = variant("fp8-tensor", "fp8", "derived", not_saved)
         head = variant("fp8-head", "fp8", "saved", PER_HEAD_SERVING)
-    return R.EndToEnd(
+    return EndToEnd(
         tokens=result.metrics["bf16"].tokens,
         rounding=config.rounding,
         bf16=variant("bf16", "bf16", "none"),
@@ -337,7 +355,7 @@ def place(config: CalibrationConfig, info: ModelInfo, plan: DataPlan, started: f
     return placement
 
 
-def calibrate(config: CalibrationConfig, placement: Placement | None = None) -> R.Report:
+def calibrate(config: CalibrationConfig, placement: Placement | None = None) -> Report:
     """Run the whole calibration; returns the report (its `.summary` is the termination message).
     `placement`: where the model computes, instead of planning it from the visible devices (tests)."""
     started = time.perf_counter()
@@ -347,7 +365,7 @@ def calibrate(config: CalibrationConfig, placement: Placement | None = None) -> 
         placement = placement or place(config, info, plan, started)
     _prepare_output(config)
     pipeline = choose_pipeline(config.pipeline)
-    oneshot_reason = F.needs_oneshot(config, pipeline)
+    oneshot_reason = forward.needs_oneshot(config, pipeline)
     with timer.step("import transformers" + (" and llm-compressor" if oneshot_reason else "")):
         if oneshot_reason:
             import llmcompressor  # noqa: F401
@@ -374,7 +392,7 @@ def _calibrate_loaded(
     oneshot_reason: str | None,
     timer: Timer,
     started: float,
-) -> R.Report:
+) -> Report:
     reset_peak_memory(placement)
     calib_tap = Tap(info.kv_heads)
     calibration_step = ONESHOT_STEP if oneshot_reason else FORWARD_STEP
@@ -386,14 +404,14 @@ def _calibrate_loaded(
         with timer.step(FORWARD_STEP):
             handles = attach(model, calib_tap)
             try:
-                F.observe(model, plan.calibration)
+                forward.observe(model, plan.calibration)
             finally:
                 detach(handles)
             calib_tap.to_cpu()
-            saved, query_scales = F.static_minmax(calib_tap.observed, info.layers, config.strategy), []
-            F.apply_scales(model, config, saved)
+            saved, query_scales = forward.static_minmax(calib_tap.observed, info.layers, config.strategy), []
+            forward.apply_scales(model, config, saved)
     with timer.step("save checkpoint"):
-        save_checkpoint(model, config, F.save if not oneshot_reason else save_with_llmcompressor)
+        save_checkpoint(model, config, forward.save if not oneshot_reason else save_with_llmcompressor)
         artifact_hash = weights_digest(config.out)
     derived_tensor = per_tensor_scales(calib_tap.observed, info.layers)
     derived_head = per_head_scales(calib_tap.observed, info.layers)
@@ -408,7 +426,7 @@ def _calibrate_loaded(
             rounding=config.rounding,
         )
     cal_tokens = sum(len(s.input_ids) for s in plan.calibration)
-    device = R.DeviceReport(
+    device = DeviceReport(
         placement=placement.path,
         devices=list(placement.devices),
         dtype=DTYPE,
@@ -419,17 +437,17 @@ def _calibrate_loaded(
         why=placement.why,
     )
     with timer.step("report"):
-        by = f"llm-compressor oneshot ({oneshot_reason})" if oneshot_reason else F.CALIBRATED_BY
+        by = f"llm-compressor oneshot ({oneshot_reason})" if oneshot_reason else forward.CALIBRATED_BY
         report = assemble(config, info, tokenizer, plan, pipeline, by, calib_tap, result, saved, timer, started)
         provenance = report.provenance.model_copy(update={"artifact_hash": artifact_hash})
         summary = report.summary.model_copy(update=device.summary_fields())
         if query_scales:
             summary = summary.model_copy(update={"q_scale_max": max(float(scale.max()) for scale in query_scales)})
         report = report.model_copy(update={"provenance": provenance, "summary": summary, "device": device})
-        R.write_json(report, config.out)
-        (config.out / "report.md").write_text(R.markdown(report), encoding="utf-8")
+        write_json(report, config.out)
+        (config.out / "report.md").write_text(markdown(report), encoding="utf-8")
         if config.plots:
-            R.plot(report, config.out)
+            plot(report, config.out)
     return report
 
 
@@ -445,7 +463,7 @@ def assemble(
     saved: ScaleSet,
     timer: Timer,
     started: float,
-) -> R.Report:
+) -> Report:
     heads = info.kv_heads
     layers = build_layers(calib_tap.observed, result, saved, heads)
     e2e = end_to_end(result, info, config)
@@ -457,7 +475,7 @@ def assemble(
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
     cal_tokens = sum(len(s.input_ids) for s in plan.calibration)
     every = [*plan.calibration, *plan.holdout]
-    provenance = R.Provenance(
+    provenance = Provenance(
         model_dir=str(config.model_dir),
         model_hash=weights_digest(config.model_dir),
         model_revision=config.model_revision,
@@ -490,7 +508,7 @@ def assemble(
     )
     scales = {kind: [_per_head(s, heads) for s in saved[kind]] for kind in KINDS}
     sensitive = sensitive_layers(layers, config.strategy)
-    summary = R.Summary(
+    summary = Summary(
         samples=len(plan.calibration),
         tokens=cal_tokens,
         strategy=config.strategy,
@@ -510,7 +528,7 @@ def assemble(
         model_hash=provenance.model_hash,
         model_revision=config.model_revision,
     )
-    return R.Report(
+    return Report(
         provenance=provenance,
         scales=scales,
         layers=layers,

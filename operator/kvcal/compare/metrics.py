@@ -55,11 +55,5 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def contains_answer(output: str, answers: Sequence[str]) -> bool:
-    """Exact match, lenient on case and surrounding text: small models wrap answers in a sentence."""
-    text = output.casefold()
-    return any(a.casefold() in text for a in answers)
-
-
 def fraction(flags: Sequence[bool]) -> float:
     return sum(flags) / len(flags) if flags else math.nan

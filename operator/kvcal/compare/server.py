@@ -3,8 +3,6 @@ logged to a file, and torn down with its whole process group (vLLM forks an engi
 
 import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,14 +13,9 @@ from types import TracebackType
 
 import httpx
 
+from kvcal.local import free_port, stop_process_group
+
 SERVED_NAME = "kvcal"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def vllm_command() -> list[str]:
@@ -153,17 +146,8 @@ class VllmServer:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        pgid = os.getpgid(self.process.pid)
-        os.killpg(pgid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(pgid, signal.SIGKILL)
-            self.process.wait(timeout=30)
-        with contextlib.suppress(ProcessLookupError):  # the engine-core child may outlive the API server a moment
-            os.killpg(pgid, signal.SIGKILL)
+        if self.process is not None:  # the whole group: vLLM's engine-core child too
+            stop_process_group(self.process, timeout=30)
 
     def __enter__(self) -> "VllmServer":
         return self.start()

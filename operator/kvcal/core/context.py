@@ -6,7 +6,7 @@ import re
 
 from kvcal.core.manifests.canary import baseline_container_index
 from kvcal.core.observations import DeploymentState
-from kvcal.core.vllm_flags import Flag, find
+from kvcal.vllm_flags import Flag, find
 
 MAX_MODEL_LEN = Flag(("--max-model-len",), "read only: it sizes the calibration's length coverage")
 # vLLM's human_readable_int: '1k' = 1000, '25.6k' = 25600 (decimal), '1K' = 1024 (binary, whole numbers only).

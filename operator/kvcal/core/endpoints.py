@@ -2,8 +2,10 @@
 
 Probes go to one ready pod of each role, by pod IP, never through the baseline Service: with the ``replicas`` router
 the canary pods carry the baseline's labels, so the baseline Service answers from the canary about `weight`% of the
-time and would blur exactly the difference the probes measure. Pure: works on Pod/Service manifests read by the
-reconciler.
+time and would blur exactly the difference the probes measure. Canary pods are found by kvcal's own labels
+(``canary_pod_labels``), which they carry whatever the router; under the other routers they leave out the baseline
+Service's selector labels (core.manifests.canary.labels_kept_off_canary). Pure: works on Pod/Service manifests read
+by the reconciler.
 """
 
 from collections.abc import Iterable, Mapping
@@ -64,6 +66,11 @@ def _pick(pods: Iterable[Manifest], wanted: Mapping[str, str], canary: bool) -> 
     return min(found, key=lambda p: str(p["metadata"]["name"])) if found else None  # stable across intervals
 
 
+def canary_pod_labels(owner_name: str) -> dict[str, str]:
+    """The labels every canary pod of `owner_name` carries, whatever the router."""
+    return {LABEL_ROLE: "canary", LABEL_CALIBRATION: label_value(owner_name)}
+
+
 def probe_urls(
     owner_name: str, pods: Iterable[Manifest], baseline: Manifest | None, service: Manifest | None
 ) -> tuple[str, str]:
@@ -75,7 +82,7 @@ def probe_urls(
     base = _pick(pods, selector, canary=False)
     if base is None:
         raise NoEndpoint(f"no ready baseline pod (selector {dict(selector)}, without role=canary)")
-    canary = _pick(pods, {**selector, LABEL_CALIBRATION: label_value(owner_name)}, canary=True)
+    canary = _pick(pods, canary_pod_labels(owner_name), canary=True)
     if canary is None:
         raise NoEndpoint(f"no ready canary pod of {owner_name}")
     return _url(base, service), _url(canary, service)

@@ -3,7 +3,7 @@ spec.serving.canary.protectedLayers, plus, with fromReport, the calibration repo
 calibration Job summarised them (status.calibration.sensitiveLayers). The canary, the promoted baseline and the
 verification Job all read the one resolved list."""
 
-from kvcal.core import vllm_flags
+from kvcal import vllm_flags
 from kvcal.core.problems import NeedsFix
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import CalibrationStatus

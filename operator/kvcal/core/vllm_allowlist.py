@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-from kvcal.core import vllm_flags
+from kvcal import vllm_flags
 
 CATALOG = "data/vllm-serve-flags.json"
 

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from types import TracebackType
 import yaml
 
 from kvcal.devenv.pki import CertificateAuthority, KeyPair, service_account_keys
+from kvcal.local import cache_dir, free_port, stop_process_group
 
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
 SERVICE_CIDR = "10.0.0.0/24"
@@ -38,7 +38,8 @@ SERVICE_IP = "10.0.0.1"  # the first address of SERVICE_CIDR: the `kubernetes` S
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 # What the operator and its tests need: owner-reference garbage collection, Jobs, Deployments (through ReplicaSets),
-# StatefulSets, namespace deletion, per-namespace `default` ServiceAccounts and kube-root-ca.crt, TTL of finished Jobs.
+# StatefulSets, namespace deletion, per-namespace `default` ServiceAccounts and kube-root-ca.crt, TTL of finished Jobs,
+# and EndpointSlices (a Service's ready pods, what a gateway routes to: tests/support/gateway.py).
 CONTROLLERS = (
     "garbage-collector-controller",
     "job-controller",
@@ -50,15 +51,12 @@ CONTROLLERS = (
     "serviceaccount-token-controller",
     "root-ca-certificate-publisher-controller",
     "ttl-after-finished-controller",
+    "endpointslice-controller",
 )
 
 
 class ControlPlaneError(RuntimeError):
     pass
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("KVCAL_CACHE") or Path.home() / ".cache" / "kvcal")
 
 
 def default_bin_dir() -> Path:
@@ -67,13 +65,6 @@ def default_bin_dir() -> Path:
 
 def missing_binaries(bin_dir: Path, names: tuple[str, ...] = REQUIRED_BINARIES) -> list[str]:
     return [name for name in names if not os.access(bin_dir / name, os.X_OK)]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _die_with_parent() -> None:
@@ -205,7 +196,7 @@ class ControlPlane:
 
     def stop(self) -> None:
         for name in reversed(list(self._procs)):
-            self._terminate(self._procs[name])
+            stop_process_group(self._procs[name], timeout=10)
         self._procs.clear()
         if self._own_root:
             shutil.rmtree(self.dir, ignore_errors=True)
@@ -324,19 +315,6 @@ class ControlPlane:
                 start_new_session=True,  # own process group: teardown kills it whole
                 preexec_fn=_die_with_parent,  # set in the child between fork and exec
             )
-
-    @staticmethod
-    def _terminate(proc: subprocess.Popen[bytes]) -> None:
-        if proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
 
     # -- health ----------------------------------------------------------------------------------------------------
     def _get(self, path: str) -> int:

@@ -9,7 +9,7 @@ import logging
 from typing import Any
 
 from kvcal.core.policy import Policy
-from kvcal.ports import Kube, Metrics, Probes, Router, Target
+from kvcal.ports import Kube, MetricsSource, Probes, Router, Target
 
 log = logging.getLogger(__name__)
 
@@ -20,13 +20,13 @@ class ClusterBackends:
         # The operator's policy: the Prometheus servers it may query (chart values policy.prometheus.*).
         self.policy = policy or Policy()
 
-    def metrics(self, target: Target) -> Metrics | None:
-        from kvcal.adapters.prometheus import PrometheusMetrics
+    def metrics_source(self, target: Target) -> MetricsSource | None:
+        from kvcal.adapters.prometheus import PrometheusSource
         from kvcal.core.promql import pod_regex_selector
 
         baseline = target.spec.serving.baseline.deployment
         selector = pod_regex_selector(target.namespace, baseline, target.canary_deployment)
-        return PrometheusMetrics(selector, policy=self.policy)
+        return PrometheusSource(selector, policy=self.policy)
 
     def probes(self, target: Target) -> Probes | None:
         from kvcal.adapters.probes import HttpProbes, load_suite

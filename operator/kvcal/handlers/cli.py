@@ -7,9 +7,10 @@ import socket
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from kubernetes import client, config
+from kubernetes import client
 from pydantic import ValidationError
 
+from kvcal.adapters.kubeconfig import connect
 from kvcal.core.manifests.common import DEFAULT_CALIBRATOR_IMAGE
 from kvcal.core.notifications import WebhookTarget
 from kvcal.core.policy import DEFAULT_PROMETHEUS_ADDRESS, Policy, PrometheusAccess
@@ -103,6 +104,11 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
         '"events": ["RolledBack", "Failed"]}\' (format json or slack; events default: all); repeatable '
         "(docs/notifications.md)",
     )
+    run.add_argument(
+        "--allow-inference-pool",
+        action="store_true",
+        help="allow spec.serving.traffic.router inference-pool: the chart granted InferencePools (rbac.inferencePool)",
+    )
     run.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: $KUBECONFIG, in-cluster")
     run.add_argument("--verbose", "-v", action="store_true")
     run.set_defaults(func=_run)
@@ -112,14 +118,6 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
         return 2
 
     parser.set_defaults(func=usage)
-
-
-def _api_client(kubeconfig: str | None) -> client.ApiClient:
-    if kubeconfig:
-        api: client.ApiClient = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-        return api
-    config.load_incluster_config()  # type: ignore[no-untyped-call]
-    return client.ApiClient()
 
 
 def policy_from_args(args: argparse.Namespace) -> Policy:
@@ -134,6 +132,7 @@ def policy_from_args(args: argparse.Namespace) -> Policy:
         vllm_flags_allowed=_vllm_flags(args.allowed_vllm_flags),
         prometheus_default=prometheus[0],
         prometheus_additional=tuple(prometheus[1:]),
+        inference_pool=args.allow_inference_pool,
     )
 
 
@@ -170,7 +169,7 @@ def _run(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).error("invalid policy or webhooks: %s", e)
         return 2
     logging.getLogger(__name__).info("policy: %s", policy.to_wire())
-    api = _api_client(args.kubeconfig)
+    api = connect(args.kubeconfig, home=False).api_client  # the named file, else in-cluster
     kube = KubeClient(api)
     reconciler = Reconciler(
         kube,

@@ -12,16 +12,15 @@
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import Collection, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 import kopf
 from kubernetes import client
 
-from kvcal.adapters.kube import GROUP, PLURAL, VERSION
 from kvcal.core.manifests.canary import PROMOTED_ANNOTATION
-from kvcal.core.manifests.common import KIND, LABEL_MANAGED_BY, MANAGED_BY
+from kvcal.core.manifests.common import GROUP, KIND, LABEL_MANAGED_BY, MANAGED_BY, PLURAL, VERSION
 from kvcal.handlers.workqueue import WorkQueue
 from kvcal.services.reconciler import Reconciler
 
@@ -173,9 +172,6 @@ def run(
     finally:
         if stop_metrics is not None:
             stop_metrics()
-
-
-ReconcilerFactory = Callable[[], Reconciler]
 
 
 async def _with_queue(

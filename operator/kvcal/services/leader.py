@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from kvcal.core.leadership import LeaseAction, LeaseView, decide_lease
+from kvcal.core.timestamps import micro_time
 from kvcal.ports import Conflict, Leases, Manifest
 
 log = logging.getLogger(__name__)
@@ -24,11 +25,6 @@ class ElectionTiming:
     lease_seconds: int = 15
     renew_deadline_seconds: float = 10.0
     retry_seconds: float = 2.0
-
-
-def micro_time(moment: datetime) -> str:
-    """The API's MicroTime format (Lease renewTime / acquireTime)."""
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class LeaderElector:

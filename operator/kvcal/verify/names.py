@@ -28,10 +28,21 @@ class ScaleName:
 
 
 # suffix after `layers.N.` -> (kinds, fate, why). Order matters: the first match wins.
+Rule = tuple[str, tuple[Kind, ...], Fate, str]
 _RENAME = "save it as self_attn.{kind}_scale (what llm-compressor writes and every vLLM version loads)"
-_RULES: tuple[tuple[str, tuple[Kind, ...], Fate, str], ...] = (
-    ("self_attn.k_scale", ("k",), "canonical", ""),
-    ("self_attn.v_scale", ("v",), "canonical", ""),
+
+
+def _per_kind(suffix: str, fate: Fate, why: str) -> tuple[Rule, Rule]:
+    """The K rule and the V rule of one naming scheme; `{kind}` (k, v) and `{KIND}` (K, V) stand for the kind."""
+
+    def rule(kind: Kind) -> Rule:
+        return suffix.format(kind=kind), (kind,), fate, why.format(kind=kind, KIND=kind.upper())
+
+    return rule("k"), rule("v")
+
+
+_RULES: tuple[Rule, ...] = (
+    *_per_kind("self_attn.{kind}_scale", "canonical", ""),
     (
         "self_attn.kv_scale",
         ("k", "v"),
@@ -39,49 +50,20 @@ _RULES: tuple[tuple[str, tuple[Kind, ...], Fate, str], ...] = (
         "deprecated single kv_scale: vLLM remaps it to k_scale and copies it into v_scale; save separate "
         "self_attn.k_scale and self_attn.v_scale",
     ),
-    (
-        "self_attn.attn.k_scale",
-        ("k",),
+    *_per_kind(
+        "self_attn.attn.{kind}_scale",
         "remapped",
         "vLLM's runtime parameter name, loaded as is by vLLM 0.32 "
-        "(older versions prefixed another '.attn' and dropped it); " + _RENAME.format(kind="k"),
+        "(older versions prefixed another '.attn' and dropped it); " + _RENAME,
     ),
-    (
-        "self_attn.attn.v_scale",
-        ("v",),
-        "remapped",
-        "vLLM's runtime parameter name, loaded as is by vLLM 0.32 "
-        "(older versions prefixed another '.attn' and dropped it); " + _RENAME.format(kind="v"),
-    ),
-    ("self_attn.k_proj.k_scale", ("k",), "remapped", "ModelOpt name, remapped by vLLM; " + _RENAME.format(kind="k")),
-    ("self_attn.v_proj.v_scale", ("v",), "remapped", "ModelOpt name, remapped by vLLM; " + _RENAME.format(kind="v")),
-    ("self_attn.qkv_proj.k_scale", ("k",), "remapped", "fused-QKV name, remapped by vLLM; " + _RENAME.format(kind="k")),
-    ("self_attn.qkv_proj.v_scale", ("v",), "remapped", "fused-QKV name, remapped by vLLM; " + _RENAME.format(kind="v")),
-    (
-        "self_attn.k_cache.scale",
-        ("k",),
-        "remapped",
-        "k_cache.scale name, remapped by vLLM; " + _RENAME.format(kind="k"),
-    ),
-    (
-        "self_attn.v_cache.scale",
-        ("v",),
-        "remapped",
-        "v_cache.scale name, remapped by vLLM; " + _RENAME.format(kind="v"),
-    ),
-    (
-        "self_attn.k_proj.output_scale",
-        ("k",),
+    *_per_kind("self_attn.{kind}_proj.{kind}_scale", "remapped", "ModelOpt name, remapped by vLLM; " + _RENAME),
+    *_per_kind("self_attn.qkv_proj.{kind}_scale", "remapped", "fused-QKV name, remapped by vLLM; " + _RENAME),
+    *_per_kind("self_attn.{kind}_cache.scale", "remapped", "{kind}_cache.scale name, remapped by vLLM; " + _RENAME),
+    *_per_kind(
+        "self_attn.{kind}_proj.output_scale",
         "dropped",
         "old llm-compressor output_scale name: vLLM 0.32 has no mapping for it (older versions had), so it is not "
-        "loaded as the K scale; " + _RENAME.format(kind="k"),
-    ),
-    (
-        "self_attn.v_proj.output_scale",
-        ("v",),
-        "dropped",
-        "old llm-compressor output_scale name: vLLM 0.32 has no mapping for it (older versions had), so it is not "
-        "loaded as the V scale; " + _RENAME.format(kind="v"),
+        "loaded as the {KIND} scale; " + _RENAME,
     ),
 )
 

@@ -6,7 +6,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-API_VERSION = "kvcal.dev/v1alpha1"
+GROUP, VERSION, PLURAL = "kvcal.dev", "v1alpha1", "kvcalibrations"  # the KVCalibration CRD
+API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "KVCalibration"
 MANAGED_BY = "kvcal"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"

@@ -19,8 +19,8 @@ from kvcal.core.manifests.common import (
     volumes_and_mounts,
 )
 from kvcal.core.protected import skip_layer_args
-from kvcal.core.vllm_flags import Flag, denotes
 from kvcal.models.spec import KVCalibrationSpec
+from kvcal.vllm_flags import Flag, denotes
 
 CONFIG_MOUNT = "/kvcal/config"
 CONFIG_KEY = "config.json"

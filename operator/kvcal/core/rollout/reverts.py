@@ -10,7 +10,7 @@ serves the checkpoint again (the fields restored, or the promotion committed to 
 
 import json
 
-from kvcal.core import vllm_flags
+from kvcal import vllm_flags
 from kvcal.core.artifact.record import checkpoint as recorded_checkpoint
 from kvcal.core.conditions import get_condition
 from kvcal.core.draft import Builder

@@ -6,6 +6,7 @@ runtime read-back) again in the new image, with the new backend, and reports it 
 The image and backend last verified are recorded in status.serving. Pure like decide.
 """
 
+from kvcal import vllm_flags
 from kvcal.core.artifact.record import checkpoint
 from kvcal.core.artifact.verification import serving_verification_job, verification_result
 from kvcal.core.draft import Builder
@@ -27,12 +28,7 @@ def serving_runtime(baseline: Manifest, container: str | None) -> tuple[str, str
     pod = baseline["spec"]["template"]["spec"]
     vllm = pod["containers"][baseline_container_index(baseline, container)]
     args = [str(a) for a in [*(vllm.get("command") or []), *(vllm.get("args") or [])]]
-    backend: str | None = None
-    for i, arg in enumerate(args):
-        if arg == "--attention-backend" and i + 1 < len(args):
-            backend = args[i + 1]
-        elif arg.startswith("--attention-backend="):
-            backend = arg.split("=", 1)[1]
+    backend = vllm_flags.attention_backend(args)
     if backend is None:
         backend = next((str(e.get("value")) for e in vllm.get("env") or [] if e.get("name") == BACKEND_ENV), None)
     return str(vllm.get("image", "")), backend

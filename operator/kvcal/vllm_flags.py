@@ -127,6 +127,12 @@ def find(args: Sequence[str], flag: Flag) -> Occurrence | None:
     return None
 
 
+def attention_backend(args: Sequence[str]) -> str | None:
+    """The --attention-backend that `args` give vLLM (the last, in any spelling), None when they give none."""
+    occurrence = find(args, ATTENTION_BACKEND)
+    return occurrence.value if occurrence else None
+
+
 def without(args: Iterable[str], flags: Iterable[Flag]) -> list[str]:
     """`args` minus every spelling of `flags` (and their values)."""
     dropped = tuple(flags)
