@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kvcal.devenv.controlplane import cache_dir, free_port
+from kvcal.local import cache_dir, free_port
 from tests.support.cluster import Cluster, wait_for
 from tests.support.prereq import require
 

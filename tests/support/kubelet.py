@@ -13,11 +13,12 @@ runs, so this harness does the kubelet's part for Pods in ONE namespace:
   pass. For the components named in `serve` (among pods carrying `serve_labels`), the container really runs: the
   image's entrypoint (IMAGE_ENTRYPOINTS: the vLLM OpenAI image runs vLLM's API server from this venv) with the pod's
   args and env, on the pod's OWN loopback address (each served pod gets a podIP 127.0.N.M of its own, so the container
-  keeps its port, as in a pod network namespace); the pod turns Ready when GET /health answers 200 (the readiness
-  probe), and the process is killed when the pod is deleted. `on_serving(pod, address)` runs before the pod turns Ready
-  (e.g. to add a scrape target). Like the static CPU manager pinning a Guaranteed pod, each served pod gets a core of
-  its own while it runs (VLLM_CPU_OMP_THREADS_BIND, unless the pod sets it): left to "auto", every vLLM on this node
-  binds core 0.
+  keeps its port, as in a pod network namespace; or an address of `pod_network`, with `node` the Node each workload
+  pod is bound to: what the EndpointSlice controller needs); the pod turns Ready when GET /health answers 200 (the
+  readiness probe), and the process is killed when the pod is deleted. `on_serving(pod, address)` runs before the pod
+  turns Ready (e.g. to add a scrape target). Like the static CPU manager pinning a Guaranteed pod, each served pod
+  gets a core of its own while it runs (VLLM_CPU_OMP_THREADS_BIND, unless the pod sets it): left to "auto", every
+  vLLM on this node binds core 0.
 
 Paths. Every volumeMount's mountPath maps to a local directory, explicitly:
 - hostPath volume -> the same path on this machine (the e2e specs use hostpath:// URIs);
@@ -40,6 +41,7 @@ test can freeze a phase (e.g. restart the operator while Calibrating) and `relea
 """
 
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -139,6 +141,8 @@ class FakeKubelet:
         serve: set[str] | None = None,
         serve_labels: dict[str, str] | None = None,
         on_serving: Callable[[Manifest, str], None] | None = None,
+        node: str | None = None,
+        pod_network: ipaddress.IPv4Network | None = None,
     ) -> None:
         self.kube = kube
         self.namespace = namespace
@@ -151,6 +155,12 @@ class FakeKubelet:
         self._serve = set(serve or ())
         self._serve_labels = serve_labels or {}  # e.g. the model server's app label: not the operator's own pod
         self._on_serving = on_serving
+        # Bind workload pods to this (existing) Node first, as the scheduler would: the EndpointSlice controller
+        # publishes only pods on a Node it knows (tests/support/gateway.py routes to those EndpointSlices).
+        self._node = node
+        # Served pods' IPs: from this network (local on this machine: tests/support/gateway.py) instead of
+        # 127.0.N.M, which the API server refuses in an EndpointSlice.
+        self._pod_network = pod_network
         self._served: dict[str, Served] = {}  # pod uid -> its running container
         self._next_ip = 0
         self._cores: dict[str, int] = {}  # pod uid -> the core it is pinned to
@@ -229,6 +239,8 @@ class FakeKubelet:
                 t.start()
             elif kind in ("ReplicaSet", "StatefulSet"):
                 self._started.add(meta["uid"])
+                if self._node is not None and not pod["spec"].get("nodeName"):
+                    self._bind(pod, self._node)
                 labels = meta.get("labels") or {}
                 with self._lock:
                     serve = component(pod) in self._serve
@@ -239,6 +251,16 @@ class FakeKubelet:
                     t.start()
                 else:
                     self._set_running(pod, ready=True)
+
+    def _bind(self, pod: Manifest, node: str) -> None:
+        name = pod["metadata"]["name"]
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name},
+            "target": {"kind": "Node", "name": node},
+        }
+        self.kube.request("POST", "Pod", self.namespace, name, subresource="binding", body=binding)
 
     def _patch_status(self, pod: Manifest, status: Manifest) -> None:
         self.kube.request(
@@ -260,6 +282,7 @@ class FakeKubelet:
                 "phase": "Running",
                 "startTime": now,
                 "podIP": ip,
+                "podIPs": [{"ip": ip}],
                 "conditions": [
                     {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
                     {"type": "Initialized", "status": "True", "lastTransitionTime": now},
@@ -288,7 +311,10 @@ class FakeKubelet:
         root = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.workdir))
         with self._lock:
             self._next_ip += 1
-            ip = f"127.0.{1 + self._next_ip // 250}.{1 + self._next_ip % 250}"
+            if self._pod_network is not None:
+                ip = str(self._pod_network[1 + self._next_ip % (self._pod_network.num_addresses - 2)])
+            else:
+                ip = f"127.0.{1 + self._next_ip // 250}.{1 + self._next_ip % 250}"
         container = pod["spec"]["containers"][0]
         port = (container.get("ports") or [{"containerPort": 8000}])[0]["containerPort"]
         served: Served | None = None

@@ -1,96 +1,18 @@
 """Reconciler.reconcile against an in-memory Kube fake: one status write per pass, a 409 re-reads, events and
 annotation clean-up come after the write, unchanged status is never written."""
 
-import copy
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from kvcal.core.manifests import calibration_job_name
 from kvcal.core.spechash import spec_hash
 from kvcal.metrics import OperatorMetrics
 from kvcal.models.spec import AnalysisSpec
 from kvcal.models.status import Measurement
-from kvcal.ports import Conflict, Kind, Manifest, Metrics, Probes, Router, Target
-from kvcal.services.reconciler import Reconciler
-from tests.unit.test_decide_support import NOW, POLICY, SPEC, baseline_manifest, baseline_service, spec
-
-
-class FakeKube:
-    def __init__(self, objects: list[Manifest]) -> None:
-        self.objects = {(o["kind"], o["metadata"]["name"]): copy.deepcopy(o) for o in objects}
-        self.calls: list[str] = []
-        self.conflicts = 0  # how many replace_status calls still answer 409
-        self.event_names: set[str] = set()
-
-    def get(self, kind: Kind, namespace: str, name: str) -> Manifest | None:
-        self.calls.append(f"get {kind}/{name}")
-        found = self.objects.get((kind, name))
-        return copy.deepcopy(found) if found else None
-
-    def list(self, kind: Kind, namespace: str, labels: Mapping[str, str]) -> list[Manifest]:
-        return [o for (k, _), o in self.objects.items() if k == kind]
-
-    def create(self, manifest: Manifest) -> bool:
-        key = (manifest["kind"], manifest["metadata"]["name"])
-        self.calls.append(f"create {key[0]}/{key[1]}")
-        if key in self.objects:
-            return False
-        self.objects[key] = copy.deepcopy(manifest)
-        return True
-
-    def apply(self, manifest: Manifest) -> None:
-        self.calls.append(f"apply {manifest['kind']}/{manifest['metadata']['name']}")
-
-    def patch(self, kind: Kind, namespace: str, name: str, patch: Manifest) -> None:
-        self.calls.append(f"patch {kind}/{name}")
-
-    def apply_owned_fields(self, manifest: Manifest, field_manager: str) -> None:
-        self.calls.append(f"apply_owned_fields {manifest['kind']}/{manifest['metadata']['name']} as {field_manager}")
-
-    def delete(self, kind: Kind, namespace: str, name: str) -> bool:
-        self.calls.append(f"delete {kind}/{name}")
-        return self.objects.pop((kind, name), None) is not None
-
-    def termination_message(self, namespace: str, job_name: str) -> str | None:
-        return None
-
-    def replace_status(self, namespace: str, name: str, resource_version: str, status: Manifest) -> None:
-        self.calls.append("replace_status")
-        if self.conflicts:
-            self.conflicts -= 1
-            self.objects[("KVCalibration", name)]["metadata"]["resourceVersion"] += "x"
-            raise Conflict("stale")
-        obj = self.objects[("KVCalibration", name)]
-        assert obj["metadata"]["resourceVersion"] == resource_version
-        obj["status"] = status
-
-    def remove_annotations(self, namespace: str, name: str, keys: Sequence[str]) -> None:
-        self.calls.append(f"remove_annotations {','.join(keys)}")
-
-    def emit_event(self, involved: Manifest, type_: str, reason: str, message: str, name: str | None = None) -> bool:
-        if name is not None and name in self.event_names:
-            return False  # AlreadyExists, as the API server answers
-        self.event_names.add(name or f"random-{len(self.calls)}")
-        self.calls.append(f"event {reason}")
-        return True
-
-
-def kvcal(**meta: Any) -> Manifest:
-    return {
-        "apiVersion": "kvcal.dev/v1alpha1",
-        "kind": "KVCalibration",
-        "metadata": {
-            "name": "smollm2",
-            "namespace": "llm",
-            "uid": "u1",
-            "generation": 1,
-            "resourceVersion": "1",
-            **meta,
-        },
-        "spec": SPEC,
-    }
+from kvcal.ports import Manifest, MetricsSource, Probes, Router, Target
+from kvcal.services.reconciler import PassAdapters, Reconciler
+from tests.support.decide import NOW, POLICY, SPEC, baseline_manifest, baseline_service, spec
+from tests.support.fakekube import FakeKube, kvcal
 
 
 def reconciler(kube: FakeKube) -> Reconciler:
@@ -164,7 +86,7 @@ class RecordingProbes:
 class ProbesOnly:
     probes_fake: RecordingProbes
 
-    def metrics(self, target: Target) -> Metrics | None:
+    def metrics_source(self, target: Target) -> MetricsSource | None:
         return None
 
     def probes(self, target: Target) -> Probes | None:
@@ -177,7 +99,7 @@ class ProbesOnly:
 def running_pod(name: str, ip: str, **labels: str) -> Manifest:
     return {
         "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": "llm", **labels}},
+        "metadata": {"name": name, "namespace": "llm", "labels": {"app": "llm", **labels}},
         "spec": {"containers": [{"name": "vllm", "ports": [{"containerPort": 8000}]}]},
         "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
     }
@@ -191,12 +113,12 @@ def test_probes_reach_one_pod_of_each_role_not_the_shared_service() -> None:
     canary = running_pod("smollm2-canary-a-1", "10.0.0.9", role="canary", **{"kvcal.dev/calibration": "smollm2"})
     kube = FakeKube([baseline_manifest(), baseline_service(), running_pod("llm-a-1", "10.0.0.2"), canary])
     probes = RecordingProbes()
-    Reconciler(kube, clock=lambda: NOW, backends=ProbesOnly(probes)).measure(probe_target(), NOW)
+    Reconciler(kube, clock=lambda: NOW).measure(PassAdapters(probe_target(), ProbesOnly(probes)), NOW)
     assert probes.urls == [("http://10.0.0.2:8000", "http://10.0.0.9:8000")]
 
 
 def test_probes_without_a_ready_canary_pod_are_an_error_not_a_pass() -> None:
     kube = FakeKube([baseline_manifest(), baseline_service(), running_pod("llm-a-1", "10.0.0.2")])
     probes = RecordingProbes()
-    (error,) = Reconciler(kube, clock=lambda: NOW, backends=ProbesOnly(probes)).measure(probe_target(), NOW)
+    (error,) = Reconciler(kube, clock=lambda: NOW).measure(PassAdapters(probe_target(), ProbesOnly(probes)), NOW)
     assert probes.urls == [] and error.phase == "Error" and "no ready canary pod" in (error.message or "")

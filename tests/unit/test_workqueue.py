@@ -1,16 +1,41 @@
-"""handlers.workqueue: one pass per key at a time, watch events ahead of timed passes, timed passes paced."""
+"""handlers.workqueue: one pass per key at a time, watch events ahead of timed passes, timed passes paced.
+
+The timed passes run on a clock the tests move (FakeClock): on 2 shared cores the wall clock runs on while the loop
+waits for a thread, so a count of passes in a wall-clock interval would depend on the machine's load."""
 
 import asyncio
 import threading
-import time
+from collections.abc import Callable
 
 from kvcal.handlers.workqueue import RESYNC_PER_SECOND, WorkQueue
 
 
-async def until(condition: object, timeout: float = 10.0) -> None:
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
     async with asyncio.timeout(timeout):
-        while not condition():  # type: ignore[operator]
+        while not condition():
             await asyncio.sleep(0.005)  # polls the test's condition on the loop
+
+
+class FakeClock:
+    """The queue's clock (seconds), moved only by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def advance_until(self, condition: Callable[[], bool], step: float, timeout: float = 10.0) -> None:
+        """Move the clock by `step` at a time, letting the queue act after each step, until `condition` holds."""
+        async with asyncio.timeout(timeout):
+            while not condition():
+                self.now += step
+                await asyncio.sleep(0.005)
+
+
+def idle(queue: WorkQueue) -> bool:
+    """No pass running, none queued, none owed to a wake-up: only timed passes (far off here) may follow."""
+    return not (queue._active or queue._queued or queue._dirty)
 
 
 def test_a_wake_during_a_pass_runs_it_once_more_never_twice_at_a_time() -> None:
@@ -35,8 +60,7 @@ def test_a_wake_during_a_pass_runs_it_once_more_never_twice_at_a_time() -> None:
         for _ in range(3):
             queue.wake("ns", "a")  # three events during the pass: one more pass, after it
         release.set()
-        await until(lambda: len(passes) == 2)
-        await asyncio.sleep(0.2)  # room for a wrong third pass
+        await until(lambda: len(passes) == 2 and idle(queue))  # a wrong third pass would be queued by now
         task.cancel()
 
     asyncio.run(main())
@@ -47,15 +71,18 @@ def test_a_wake_during_a_pass_runs_it_once_more_never_twice_at_a_time() -> None:
 def test_a_watch_event_runs_before_a_backlog_of_timed_passes() -> None:
     order: list[str] = []
 
+    clock = FakeClock()
+
     async def main() -> None:
-        queue = WorkQueue(lambda ns, name: order.append(name) or 30.0)
+        queue = WorkQueue(lambda ns, name: order.append(name) or 30.0, clock=clock)
         for i in range(50):
             queue._schedule(("ns", f"poll-{i}"), 0.01)
-        await asyncio.sleep(0.05)  # all 50 are due
+        clock.now += 0.05  # all 50 are due
         task = asyncio.ensure_future(queue.run(workers=1))
-        await asyncio.sleep(0.1)
+        await until(lambda: len(order) == 1)
+        await clock.advance_until(lambda: len(order) >= 3, 1.0 / RESYNC_PER_SECOND)  # 0.1 s at 25 timed passes/s
         queue.wake("ns", "new")
-        await until(lambda: "new" in order)
+        await clock.advance_until(lambda: "new" in order, 1.0 / RESYNC_PER_SECOND)  # timed passes may go on
         task.cancel()
 
     asyncio.run(main())
@@ -90,17 +117,18 @@ def test_a_new_objects_first_pass_runs_before_a_backlog_of_echoed_watch_events()
 
 def test_timed_passes_are_paced_shortest_requested_delay_first() -> None:
     started: list[tuple[str, float]] = []
+    clock = FakeClock()
 
     async def main() -> None:
-        queue = WorkQueue(lambda ns, name: started.append((name, time.monotonic())) or None)
+        queue = WorkQueue(lambda ns, name: started.append((name, clock())) or None, clock=clock)
         for i in range(5):
             queue._schedule(("ns", f"safety-net-{i}"), 0.05)  # e.g. Calibrating's 60 s poll: due first
-        await asyncio.sleep(0.04)
+        clock.now += 0.04
         for i in range(5):
             queue._schedule(("ns", f"analysis-{i}"), 0.02)  # e.g. Analyzing's 5 s poll: due 10 ms later
-        await asyncio.sleep(0.1)  # all due
+        clock.now += 0.1  # all due
         task = asyncio.ensure_future(queue.run())
-        await until(lambda: len(started) == 10)
+        await clock.advance_until(lambda: len(started) == 10, 0.01)
         task.cancel()
 
     asyncio.run(main())

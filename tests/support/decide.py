@@ -1,15 +1,27 @@
-"""Shared builders for the operator's unit tests (specs, a baseline Deployment, observations)."""
+"""Shared builders for the operator's unit tests: specs, a baseline Deployment, observations, and the statuses
+that decide() starts from."""
 
 import copy
+import json
 from datetime import UTC, datetime
 from typing import Any
 
-from kvcal.core.manifests import Owner
+from kvcal.core.manifests import Owner, calibration_job_name, canary_name, verification_job_name
 from kvcal.core.manifests.canary import PROMOTED_ANNOTATION, fp8_pod_spec, promotion_marker
+from kvcal.core.manifests.common import DEFAULT_CALIBRATOR_IMAGE
 from kvcal.core.observations import DeploymentState, JobState, Observations
 from kvcal.core.policy import Policy
 from kvcal.core.spechash import spec_hash
 from kvcal.models.spec import KVCalibrationSpec
+from kvcal.models.status import (
+    AnalysisStatus,
+    CalibrationStatus,
+    CanaryStatus,
+    KVCalibrationStatus,
+    Measurement,
+    Phase,
+    VerificationStatus,
+)
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 OWNER = Owner("smollm2", "llm", "0a1b2c3d-0000-4000-8000-000000000001")
@@ -43,6 +55,19 @@ def spec(**overrides: Any) -> KVCalibrationSpec:
     data = copy.deepcopy(SPEC)
     for key, value in overrides.items():
         data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
+    return KVCalibrationSpec.model_validate(data)
+
+
+def spec_with(**changes: Any) -> KVCalibrationSpec:
+    """SPEC with dotted paths set, e.g. spec_with(**{"model.source": "hostpath:///etc"})."""
+    data = copy.deepcopy(SPEC)
+    data["calibration"]["job"]["image"] = DEFAULT_CALIBRATOR_IMAGE
+    for path, value in changes.items():
+        *parents, leaf = path.split(".")
+        node = data
+        for key in parents:
+            node = node[key]
+        node[leaf] = value
     return KVCalibrationSpec.model_validate(data)
 
 
@@ -124,3 +149,69 @@ def statefulset_manifest(replicas: int = 2) -> dict[str, Any]:
     ]
     sts["template"]["spec"]["containers"][0]["volumeMounts"].append({"name": "cache", "mountPath": "/root/.cache"})
     return manifest
+
+
+# The statuses decide() starts from: the Jobs and canary named as the operator names them for SPEC.
+P = Phase
+SPEC_MODEL = spec()  # SPEC as the operator parses it
+H = spec_hash(SPEC_MODEL)
+CALIB = calibration_job_name(OWNER.name, H)
+VERIFY = verification_job_name(OWNER.name, H)
+CANARY = canary_name(OWNER.name)
+SUMMARY = json.dumps(
+    {
+        "samples": 64,
+        "tokens": 30712,
+        "strategy": "tensor",
+        "observer": "static_minmax",
+        "kScaleMax": 0.41,
+        "vScaleMax": 0.07,
+        "holdoutClipRateDefault": {"k": 0.012, "v": 0.03},
+        "holdoutClipRateCalibrated": {"k": 0.0, "v": 0.0},
+        "top1AgreementDefault": 0.906,
+        "top1AgreementCalibrated": 0.981,
+        "durationSeconds": 61.2,
+        "artifact": "/kvcal/pvc/models/smollm2-fp8kv",
+        "modelHash": "9f2c" * 16,
+        "modelRevision": "abc123",
+        "device": "cuda:0,cuda:1",
+        "placement": "several-devices",
+        "dtype": "bfloat16",
+        "peakDeviceMemoryBytes": 71_000_000_000,
+        "tokensPerSecond": 41250.5,
+        "reportVersion": 1,
+    }
+)
+
+
+def status(phase: Phase, **fields: Any) -> KVCalibrationStatus:
+    calibration = CalibrationStatus(job=CALIB, spec_hash=H) if phase != P.PENDING else CalibrationStatus()
+    fields.setdefault("calibration", calibration)
+    return KVCalibrationStatus(phase=phase, **fields)
+
+
+def canary(replicas: int = 2, ready: int = 2, **kw: Any) -> DeploymentState:
+    return DeploymentState(manifest={}, replicas=replicas, ready_replicas=ready, **kw)
+
+
+def m(phase: str, metric: str = "ttft-p95") -> Measurement:
+    return Measurement(metric=metric, phase=phase, at="2026-01-02T03:04:05Z", baseline=0.1, canary=0.1)  # type: ignore[arg-type]
+
+
+ANALYZING = status(
+    P.ANALYZING,
+    verification=VerificationStatus(job=VERIFY, layers=30, mismatches=0),
+    canary=CanaryStatus(deployment=CANARY, weight=50, ready_replicas=2),
+    analysis=AnalysisStatus(started_at="2026-01-02T03:00:00Z"),
+)
+
+
+def started(phase: Phase) -> KVCalibrationStatus:
+    """A status as the operator writes it in `phase` (calibrated and verified from Deploying on)."""
+    return KVCalibrationStatus(
+        phase=phase,
+        calibration=CalibrationStatus(job="c", spec_hash=spec_hash(spec()), artifact="pvc://models/smollm2-fp8kv"),
+        verification=VerificationStatus(job="v", layers=30, mismatches=0),
+        canary=CanaryStatus(deployment="smollm2-canary", step_index=0),
+        analysis=AnalysisStatus(started_at="2026-01-02T03:00:00Z"),
+    )
