@@ -13,7 +13,7 @@ from kvcal.models.status import Measurement
 
 Manifest = dict[str, Any]
 # Kinds the operator reads or writes; adapters map them to API groups.
-Kind = Literal["KVCalibration", "Job", "ConfigMap", "Deployment", "StatefulSet", "Service", "Pod"]
+Kind = Literal["KVCalibration", "Job", "ConfigMap", "Deployment", "StatefulSet", "Service", "Pod", "InferencePool"]
 
 
 class Conflict(Exception):
@@ -35,10 +35,6 @@ class Kube(Protocol):
 
     def apply(self, manifest: Manifest) -> None:
         """Create, or merge-patch the existing object's labels and spec to the manifest's."""
-        ...
-
-    def patch(self, kind: Kind, namespace: str, name: str, patch: Manifest) -> None:
-        """JSON merge patch (RFC 7386)."""
         ...
 
     def apply_owned_fields(self, manifest: Manifest, field_manager: str) -> None:
@@ -80,7 +76,7 @@ class Leases(Protocol):
         ...
 
 
-class Metrics(Protocol):
+class MetricsSource(Protocol):
     """Canary vs baseline metrics over the last window (Prometheus in production)."""
 
     def measure(
@@ -104,11 +100,21 @@ class Probes(Protocol):
 class Router(Protocol):
     """Sends `weight` percent of user traffic to the canary (no-op for the replicas and none routers)."""
 
-    def set_weight(self, target: "Target", weight: int) -> None: ...
+    def set_weight(self, target: "Target", weight: int, mirror: int = 0) -> None:
+        """`mirror`: percent of requests also mirrored to the canary (the shadow stage; 0 removes the mirror)."""
+        ...
 
     def get_weight(self, target: "Target") -> int | None:
         """The canary's share as the router reports it now; None where there is no weight to read (replicas: the
         replica ratio is the weight; none: no user traffic)."""
+        ...
+
+    def get_mirror(self, target: "Target") -> int | None:
+        """The percent of requests the route mirrors to the canary now; None where there is no route to read."""
+        ...
+
+    def gateway_features(self, target: "Target") -> frozenset[str] | None:
+        """status.supportedFeatures of the route's Gateway class; None when it cannot be read."""
         ...
 
 
@@ -124,9 +130,9 @@ class Target:
 
 
 class AnalysisBackends(Protocol):
-    """Builds the Metrics, Probes and Router for one KVCalibration (they depend on its namespace and names)."""
+    """Builds the MetricsSource, Probes and Router for one KVCalibration (they depend on its namespace and names)."""
 
-    def metrics(self, target: Target) -> Metrics | None: ...
+    def metrics_source(self, target: Target) -> MetricsSource | None: ...
 
     def probes(self, target: Target) -> Probes | None: ...
 

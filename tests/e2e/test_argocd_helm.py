@@ -26,15 +26,15 @@ import pytest
 import yaml
 
 from kvcal.adapters.kube import KubeClient
-from kvcal.devenv.controlplane import free_port
-from tests.e2e.test_argocd import CALIBRATION_SUMMARY, KIND, NAME, VERIFICATION_SUMMARY, application, terminate_job_pod
-from tests.e2e.test_lifecycle import baseline, dataset_configmap, kvcalibration
+from kvcal.local import free_port
 from tests.support.argocd import ArgoCD, GitRepo
 from tests.support.chart import CHART
 from tests.support.cluster import Cluster, wait_for
+from tests.support.gitops import CALIBRATION_SUMMARY, KIND, NAME, VERIFICATION_SUMMARY, application, terminate_job_pod
 from tests.support.imagekubelet import ImageKubelet
 from tests.support.kubelet import FakeKubelet
 from tests.support.oci import Container, Podman
+from tests.support.world import baseline, dataset_configmap, kvcalibration
 
 pytestmark = [pytest.mark.cluster, pytest.mark.images]
 RESOURCES_FINALIZER = "resources-finalizer.argocd.argoproj.io"

@@ -1,7 +1,7 @@
 """The KV capacity check on the real API server: a canary whose FP8 KV silently did not apply (it reports the BF16
 baseline's KV tokens) is rolled back, with status and history saying so, and the baseline is left alone.
 
-The operator runs in-process under the chart's ServiceAccount (tests/e2e/test_lifecycle.py's harness) with
+The operator runs in-process under the chart's ServiceAccount (tests/support/world.py's harness) with
 FakeMetrics reporting vLLM's real cache_config_info values (tests/data/vllm-0.32-cpu); the real Prometheus and vLLM
 side is proven in tests/integration/test_capacity_vllm.py. The calibrator and verifier are skipped by writing
 status (as in test_traffic_drain).
@@ -13,21 +13,20 @@ import pytest
 import yaml
 
 from kvcal.ctl import render_status
-from tests.e2e.test_lifecycle import (
+from tests.support.cluster import wait_for
+from tests.support.world import (
     BF16_KV,
     World,
     baseline,
     dataset_configmap,
     kvcalibration,
-    world,  # noqa: F401 (a fixture)
 )
-from tests.support.cluster import wait_for
 
 pytestmark = pytest.mark.cluster
 
 
 def test_a_canary_without_effective_fp8_is_rolled_back_by_the_capacity_check(
-    world: World,  # noqa: F811
+    world: World,
     tmp_path: Path,
 ) -> None:
     w, name = world, "no-fp8"

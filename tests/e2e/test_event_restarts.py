@@ -23,30 +23,23 @@ import pytest
 import yaml
 
 from kvcal.adapters.kube import KubeClient
-from kvcal.core.policy import Policy
 from kvcal.ports import Manifest
 from kvcal.services.reconciler import Reconciler
-from tests.e2e.test_lifecycle import HOST_PATHS_ALLOWED, baseline, dataset_configmap, kvcalibration
 from tests.support.chart import Release, install_chart, release_name, uninstall_chart
 from tests.support.cluster import Cluster, wait_for
 from tests.support.kubelet import FakeKubelet
+from tests.support.world import (
+    HOST_PATHS_ALLOWED,
+    HOST_PATHS_POLICY,
+    DiesAfterStatusWrite,
+    Killed,
+    baseline,
+    kvcalibration,
+    setup_namespace,
+)
 
 pytestmark = pytest.mark.cluster
 TERMINAL = ("RolledBack", "Succeeded")
-
-
-# The specs mount this machine's folders (hostpath://), as in a kind trial: the chart's policy allows them.
-HOST_PATHS_POLICY = Policy(host_path_prefixes=("/",))
-
-
-class Killed(BaseException):
-    """The process dying: not an Exception, so nothing in the reconciler catches it."""
-
-
-class DiesAfterStatusWrite(KubeClient):
-    def replace_status(self, namespace: str, name: str, resource_version: str, status: Manifest) -> None:
-        super().replace_status(namespace, name, resource_version, status)
-        raise Killed
 
 
 def operator_events(cluster: Cluster, namespace: str, obj: Manifest) -> Counter[str]:
@@ -74,12 +67,6 @@ def own_baseline(name: str, model: Path) -> list[Manifest]:
     service["metadata"]["name"] = f"{name}-llm"
     service["spec"]["selector"] = labels
     return [deployment, service]
-
-
-def setup_namespace(cluster: Cluster, namespace: str, model: Path) -> None:
-    model.mkdir(exist_ok=True)
-    for m in [*baseline(model, replicas=1), dataset_configmap()]:
-        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(m))
 
 
 def test_killed_after_the_status_write_a_restart_sends_the_lost_events_once(

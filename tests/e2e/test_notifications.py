@@ -25,9 +25,8 @@ from kvcal.handlers.operator import OperatorOptions, run
 from kvcal.ports import Manifest
 from kvcal.services.notifier import Notifier
 from kvcal.services.reconciler import Reconciler
-from tests.e2e.test_event_restarts import HOST_PATHS_POLICY, DiesAfterStatusWrite, Killed, setup_namespace
-from tests.e2e.test_lifecycle import kvcalibration
 from tests.support.cluster import Cluster, wait_for
+from tests.support.world import HOST_PATHS_POLICY, DiesAfterStatusWrite, Killed, kvcalibration, setup_namespace
 
 pytestmark = pytest.mark.cluster
 TOKEN = "receiver-token"

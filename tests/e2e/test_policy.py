@@ -4,7 +4,7 @@ A user bound only to the chart's aggregated -edit ClusterRole (may manage KVCali
 or Deployments) applies specs; the operator runs in-process under the chart's own ServiceAccount token with the
 policy the chart's values give it (tests.support.chart.operator_policy). No kubelet: the point is what the operator
 creates, not what runs. Issue #23: vLLM flags outside policy.vllmFlags.allowed the same way; and a promotion after
-the admin tightened that list, in tests.e2e.test_lifecycle's world (its fake kubelet readies the canary).
+the admin tightened that list, in tests/e2e/conftest.py's world (its fake kubelet readies the canary).
 """
 
 import json
@@ -19,18 +19,16 @@ import yaml
 
 from kvcal.adapters.kube import KubeClient
 from kvcal.core.manifests import FIELD_MANAGER
-from tests.e2e.test_argocd import CALIBRATION_SUMMARY, VERIFICATION_SUMMARY, terminate_job_pod
-from tests.e2e.test_lifecycle import (
+from tests.support.chart import CHART, Release, helm, install_chart, operator_policy, release_name, uninstall_chart
+from tests.support.cluster import Cluster, wait_for
+from tests.support.gitops import CALIBRATION_SUMMARY, VERIFICATION_SUMMARY, terminate_job_pod
+from tests.support.world import (
     FakeBackends,
     OperatorThread,
     World,
     start_held,
-    world,
 )
-from tests.support.chart import CHART, Release, helm, install_chart, operator_policy, release_name, uninstall_chart
-from tests.support.cluster import Cluster, wait_for
 
-__all__ = ["world"]  # the fixture, imported for pytest
 pytestmark = pytest.mark.cluster
 USER = "alice"
 

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from kvcal.core.manifests import FIELD_MANAGER
-from tests.e2e.test_argocd import (
+from tests.support.cluster import wait_for
+from tests.support.gitops import (
     CALIBRATION_SUMMARY,
     VERIFICATION_SUMMARY,
     finish_job,
@@ -16,10 +17,8 @@ from tests.e2e.test_argocd import (
     promoted,
     promotion_patch,
 )
-from tests.e2e.test_lifecycle import World, condition, start_held, world
-from tests.support.cluster import wait_for
+from tests.support.world import World, condition, start_held
 
-__all__ = ["world"]  # the fixture, imported for pytest
 pytestmark = pytest.mark.cluster
 NAME = "smollm2"
 

@@ -6,7 +6,7 @@ deciding from real Prometheus and real quality probes, on the real control plane
   starts each pod's vLLM container (the image's entrypoint from this venv, the args the operator wrote: the
   calibrated checkpoint, --kv-cache-dtype fp8_e4m3) on the pod's own loopback IP, Ready when /health answers.
 - The session Prometheus scrapes every served pod with the labels a kubernetes-pods job adds (namespace, pod), so
-  the production backends (ClusterBackends: PrometheusMetrics with the operator's pod selectors, HttpProbes on one
+  the production backends (ClusterBackends: PrometheusSource with the operator's pod selectors, HttpProbes on one
   ready pod per role) measure them.
 - A load generator spreads completions over the baseline Service's ready endpoints, which include the canary's
   pods (the replicas router: 1 baseline + 1 canary replica = 50%).
@@ -33,8 +33,13 @@ from kvcal.adapters.kube import KubeClient
 from kvcal.cli import main as kvcal_cli
 from kvcal.core.endpoints import pod_ready
 from kvcal.handlers.backends import ClusterBackends
-from kvcal.ports import Metrics, Probes, Router, Target
-from tests.e2e.test_lifecycle import (
+from kvcal.ports import MetricsSource, Probes, Router, Target
+from tests.support.chart import install_chart, operator_policy, release_name, uninstall_chart
+from tests.support.cluster import Cluster, wait_for
+from tests.support.kubelet import FakeKubelet, component
+from tests.support.load import LoadGenerator
+from tests.support.prometheus import PrometheusServer
+from tests.support.world import (
     CALIBRATION_TIMEOUT,
     HOST_PATHS_ALLOWED,
     FakeBackends,
@@ -43,13 +48,7 @@ from tests.e2e.test_lifecycle import (
     baseline,
     dataset_configmap,
     kvcalibration,
-    model_dir,  # noqa: F401 (a fixture)
 )
-from tests.support.chart import install_chart, operator_policy, release_name, uninstall_chart
-from tests.support.cluster import Cluster, wait_for
-from tests.support.kubelet import FakeKubelet, component
-from tests.support.load import LoadGenerator
-from tests.support.prometheus import PrometheusServer
 
 pytestmark = [pytest.mark.cluster, pytest.mark.model, pytest.mark.prometheus, pytest.mark.vllm, pytest.mark.slow]
 
@@ -93,9 +92,9 @@ class ClusterBackendsForTest(FakeBackends):
 
     cluster_backends: ClusterBackends | None = None
 
-    def metrics(self, target: Target) -> Metrics | None:
+    def metrics_source(self, target: Target) -> MetricsSource | None:
         assert self.cluster_backends is not None
-        return self.cluster_backends.metrics(target)
+        return self.cluster_backends.metrics_source(target)
 
     def probes(self, target: Target) -> Probes | None:
         assert self.cluster_backends is not None
@@ -202,7 +201,8 @@ def real(
 
 
 def served_baseline(model: Path) -> list[dict[str, Any]]:
-    """test_lifecycle's baseline with what a CPU deployment of vLLM sets: one replica, eager mode, a small KV cache."""
+    """The e2e baseline (tests.support.world) with what a CPU deployment of vLLM sets: one replica, eager mode, a small
+    KV cache."""
     deployment, service = baseline(model, replicas=1)
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     container["args"] += ["--enforce-eager", "--max-num-seqs", "4", "--dtype", "bfloat16", "--seed", "0"]
@@ -225,7 +225,7 @@ def probe_suite() -> dict[str, Any]:
 
 
 @pytest.mark.timeout(2400)
-def test_slow_canary_rolls_back_then_fixed_canary_promotes(real: Real, model_dir: Path) -> None:  # noqa: F811
+def test_slow_canary_rolls_back_then_fixed_canary_promotes(real: Real, model_dir: Path) -> None:
     w = real.world
     w.kubelet.hold("baseline")  # a vLLM loading beside the calibrator (or the verifier's vLLM) slows both ~4x
     for m in [*served_baseline(model_dir), dataset_configmap(), probe_suite()]:

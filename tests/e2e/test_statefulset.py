@@ -10,18 +10,17 @@ from typing import Any
 import pytest
 
 from kvcal.core.manifests import FIELD_MANAGER
-from tests.e2e.test_argocd import CALIBRATION_SUMMARY, VERIFICATION_SUMMARY, finish_job, promoted
-from tests.e2e.test_lifecycle import World, baseline, condition, dataset_configmap, kvcalibration, world
 from tests.support.cluster import wait_for
+from tests.support.gitops import CALIBRATION_SUMMARY, VERIFICATION_SUMMARY, finish_job, promoted
+from tests.support.world import World, baseline, condition, dataset_configmap, kvcalibration
 
-__all__ = ["world"]  # the fixture, imported for pytest
 pytestmark = pytest.mark.cluster
 NAME = "smollm2"  # test_argocd.finish_job's KVCalibration
 CANARY = f"{NAME}-canary"
 
 
 def statefulset(model: Path, replicas: int) -> dict[str, Any]:
-    """test_lifecycle's baseline Deployment as a StatefulSet governed by the Service `llm`."""
+    """tests.support.world's baseline Deployment as a StatefulSet governed by the Service `llm`."""
     deployment = baseline(model, replicas)[0]
     return {**deployment, "kind": "StatefulSet", "spec": {**deployment["spec"], "serviceName": "llm"}}
 

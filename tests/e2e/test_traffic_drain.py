@@ -2,38 +2,29 @@
 rolling it back, first puts the HTTPRoute at 100% on the baseline, and only a drainDelay later deletes the canary
 Service; an HTTPRoute edited behind the operator's back is reported and put back.
 
-The operator runs in-process under the chart's ServiceAccount (tests/e2e/test_lifecycle.py's harness) with the real
+The operator runs in-process under the chart's ServiceAccount (tests/support/world.py's harness) with the real
 GatewayApiRouter; the phases before Deploying are skipped by writing status (the calibrator and verifier are proven
 in test_lifecycle): the operator only ever acts on what it reads.
 """
 
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client, config
+from kubernetes import client
 
-from kvcal.adapters.kube import KubeClient
-from kvcal.adapters.router import GatewayApiRouter, canary_share
-from kvcal.ports import Router, Target
-from tests.e2e.test_lifecycle import (
-    HOST_PATHS_ALLOWED,
-    FakeBackends,
-    OperatorThread,
+from kvcal.adapters.router import canary_share
+from tests.support.cluster import Cluster, wait_for
+from tests.support.gateway_api import HTTPROUTE_CRD
+from tests.support.world import (
     World,
     baseline,
     dataset_configmap,
     kvcalibration,
 )
-from tests.integration.test_ctl_cluster import HTTPROUTE_CRD
-from tests.support.chart import install_chart, operator_policy, release_name, uninstall_chart
-from tests.support.cluster import Cluster, wait_for
-from tests.support.kubelet import FakeKubelet
 
 pytestmark = pytest.mark.cluster
 ROUTE_API = ("gateway.networking.k8s.io", "v1")
@@ -41,41 +32,11 @@ DRAIN_SECONDS = 3
 TRAFFIC = {"router": "gateway-api", "httpRoute": "llm", "steps": [30], "drainDelay": f"{DRAIN_SECONDS}s"}
 
 
-@dataclass
-class GatewayBackends(FakeBackends):
-    """FakeBackends (held metrics: the analysis keeps running) with the real HTTPRoute router under the chart's
-    ServiceAccount."""
-
-    router_fake: GatewayApiRouter | None = None
-
-    def router(self, target: Target) -> Router | None:
-        return self.router_fake
-
-
 @pytest.fixture
-def world(
-    control_plane: Cluster, crd_installed: str, namespace: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> Iterator[World]:
+def world(gateway_world: World, control_plane: Cluster) -> World:
     control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(HTTPROUTE_CRD))
     control_plane.kubectl("wait", "--for=condition=Established", "crd/httproutes.gateway.networking.k8s.io")
-    values = {"rbac.scope": "namespace", **HOST_PATHS_ALLOWED}  # the specs mount this machine's folders
-    release = install_chart(control_plane, namespace, release_name(), values, tmp_path)
-    kube = KubeClient(control_plane.api_client())
-    kubelet = FakeKubelet(kube, namespace, tmp_path).start()
-    sa_api = config.new_client_from_config(config_file=str(release.kubeconfig))  # type: ignore[no-untyped-call]
-    backends = GatewayBackends(router_fake=GatewayApiRouter(sa_api))
-    backends.metrics_fake.held.set()
-    policy = operator_policy(control_plane, release)
-    operator = OperatorThread(release.kubeconfig, namespace, backends, policy)  # type: ignore[arg-type]
-    operator.start()
-    try:
-        yield World(control_plane, namespace, kube, kubelet, operator, backends, tmp_path / "out")  # type: ignore[arg-type]
-        forbidden = [r.getMessage() for r in caplog.records if "forbidden" in r.getMessage().lower()]
-        assert not forbidden, f"the chart's RBAC refused the operator: {forbidden[:3]}"
-    finally:
-        operator.stop()
-        kubelet.stop()
-        uninstall_chart(control_plane, release)
+    return gateway_world
 
 
 def routes(w: World) -> client.CustomObjectsApi:

@@ -19,11 +19,10 @@ from kvcal.cli import main as kvcal_cli
 from kvcal.core.manifests import FIELD_MANAGER, Owner, build_promoted_baseline
 from kvcal.core.spechash import spec_hash
 from kvcal.models.spec import KVCalibrationSpec
-from tests.e2e.test_lifecycle import World, baseline, condition, dataset_configmap, kvcalibration, world
 from tests.support.cluster import wait_for
+from tests.support.world import World, baseline, condition, dataset_configmap, kvcalibration
 
 pytestmark = pytest.mark.cluster
-__all__ = ["world"]  # the fixture, shared with test_lifecycle
 OLD_IMAGE, NEW_IMAGE = "ghcr.io/kvcal/kvcal-calibrator:0.1.0", "ghcr.io/kvcal/kvcal-calibrator:0.2.0"
 
 

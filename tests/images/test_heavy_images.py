@@ -25,8 +25,8 @@ from kvcal.core.manifests import (
 )
 from kvcal.core.observations import JobState
 from kvcal.core.spechash import spec_hash
-from kvcal.devenv.controlplane import free_port
 from kvcal.devenv.images import IMAGES
+from kvcal.local import free_port
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import CALIBRATION_SUMMARY_FIELDS, CalibrationStatus
 from tests.support.oci import Podman, PodRun, harness, run_job_pod

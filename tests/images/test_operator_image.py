@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import yaml
 
-from kvcal.devenv.controlplane import free_port
 from kvcal.devenv.images import IMAGES
-from tests.integration.test_chart_install import kvcalibration
+from kvcal.local import free_port
 from tests.support.chart import Release, helm, install_chart, release_name, uninstall_chart
 from tests.support.cluster import Cluster, wait_for
 from tests.support.imagekubelet import container_env, expand, service_account_volume
+from tests.support.minimal import kvcalibration
 from tests.support.oci import Container, Podman
 
 pytestmark = [pytest.mark.cluster, pytest.mark.images]

@@ -63,6 +63,7 @@ TOLERATIONS = "calibration.job.tolerations"
 EXTRA_ARGS = "serving.canary.extraArgs"
 PROTECTED = "serving.canary.protectedLayers"
 DATASET = "calibration.dataset.source"
+SHADOW_ROUTE = {"serving.traffic.router": "gateway-api", "serving.traffic.httpRoute": "qwen"}
 
 CASES: list[Case] = [
     # --- valid: defaults, boundaries, nulls the API server prunes -------------------------------------------------
@@ -74,7 +75,11 @@ CASES: list[Case] = [
     ok("steps-single-100", {"serving.traffic.steps": [100]}),
     ok("steps-ten", {"serving.traffic.steps": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]}),
     ok("gateway-route", {"serving.traffic.router": "gateway-api", "serving.traffic.httpRoute": "qwen.v1"}),
+    ok("shadow", {**SHADOW_ROUTE, "serving.traffic.shadow": {"percent": 25, "intervals": 2}}),
+    ok("shadow-defaults", {**SHADOW_ROUTE, "serving.traffic.shadow": {}}),
     ok("statefulset-baseline", {"serving.baseline.kind": "StatefulSet"}),
+    ok("inference-pool", {"serving.traffic.router": "inference-pool", "serving.traffic.httpRoute": "llm",
+                          "serving.traffic.inferencePool": "llm.pool"}),
     ok("durations", {"analysis.interval": "1h30m", "analysis.warmup": "0s"}),
     ok("interval-one-second", {"analysis.interval": "1s"}),
     ok("prometheus-by-name", {"analysis.prometheus.name": "thanos-eu-1"}),
@@ -205,6 +210,18 @@ CASES: list[Case] = [
     bad("spec.serving.canary.protectedLayers.fromReport:type", {PROTECTED: {"fromReport": "yes"}}),
     bad("spec.calibration.queryScales:type", {"calibration.queryScales": "true"}),
     bad("spec.serving.traffic:cel0", {"serving.traffic.router": "gateway-api"}),
+    bad("spec.serving.traffic:cel0", {"serving.traffic.router": "inference-pool", "serving.traffic.inferencePool": "p"},
+        "pool-without-route"),
+    bad("spec.serving.traffic:cel1", {"serving.traffic.router": "inference-pool", "serving.traffic.httpRoute": "llm"}),
+    bad("spec.serving.traffic:cel1", {"serving.traffic.router": "gateway-api", "serving.traffic.httpRoute": "llm",
+                                      "serving.traffic.inferencePool": "p"}, "pool-with-gateway-api"),
+    bad("spec.serving.traffic:cel1", {"serving.traffic.inferencePool": "p"}, "pool-with-default-router"),
+    bad("spec.serving.traffic.inferencePool:pattern", {"serving.traffic.router": "inference-pool",
+                                                       "serving.traffic.httpRoute": "llm",
+                                                       "serving.traffic.inferencePool": "Pool_1"}),
+    bad("spec.serving.traffic.inferencePool:maxLength", {"serving.traffic.router": "inference-pool",
+                                                         "serving.traffic.httpRoute": "llm",
+                                                         "serving.traffic.inferencePool": "p" * 254}),
     bad("spec.serving.traffic.router:enum", {"serving.traffic.router": "istio"}),
     bad("spec.serving.traffic.steps:minItems", {"serving.traffic.steps": []}),
     bad("spec.serving.traffic.steps:maxItems", {"serving.traffic.steps": list(range(1, 12))}),
@@ -222,6 +239,14 @@ CASES: list[Case] = [
     bad("spec.serving.traffic.drainDelay:pattern", {"serving.traffic.drainDelay": "30"}),
     bad("spec.serving.traffic.drainDelay:pattern", {"serving.traffic.drainDelay": "1.5m"}, "drain-delay-fraction"),
     bad("spec.serving.traffic.drainDelay:type", {"serving.traffic.drainDelay": 30}),
+    bad("spec.serving.traffic:cel2", {"serving.traffic.shadow": {"percent": 10}}, "shadow-without-gateway"),
+    bad("spec.serving.traffic.shadow:type", {"serving.traffic.shadow": 10}),
+    bad("spec.serving.traffic.shadow.percent:minimum", {**SHADOW_ROUTE, "serving.traffic.shadow": {"percent": 0}}),
+    bad("spec.serving.traffic.shadow.percent:maximum", {**SHADOW_ROUTE, "serving.traffic.shadow": {"percent": 101}}),
+    bad("spec.serving.traffic.shadow.percent:type", {**SHADOW_ROUTE, "serving.traffic.shadow": {"percent": "10%"}}),
+    bad("spec.serving.traffic.shadow.intervals:minimum", {**SHADOW_ROUTE, "serving.traffic.shadow": {"intervals": 0}}),
+    bad("spec.serving.traffic.shadow.intervals:maximum", {**SHADOW_ROUTE, "serving.traffic.shadow": {"intervals": 51}}),
+    bad("spec.serving.traffic.shadow.intervals:type", {**SHADOW_ROUTE, "serving.traffic.shadow": {"intervals": 1.5}}),
     # --- analysis -------------------------------------------------------------------------------------------------
     bad("spec.analysis.prometheus.address:pattern", {"analysis.prometheus.address": "prometheus:9090"}),
     bad("spec.analysis.prometheus.address:maxLength", {"analysis.prometheus.address": "http://p/" + "a" * 1020}),

@@ -1,5 +1,5 @@
 """Scenario tests: the real Prometheus scrapes two exporters serving vLLM's metric names (baseline and canary,
-controlled latency distributions); PrometheusMetrics measures them and assess_run decides, interval by interval."""
+controlled latency distributions); PrometheusSource measures them and assess_run decides, interval by interval."""
 
 import math
 import re
@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from kvcal.adapters.prometheus import Estimator, PrometheusMetrics
+from kvcal.adapters.prometheus import Estimator, PrometheusSource
 from kvcal.core import promql
 from kvcal.core.analysis import AnalysisVerdict, assess_run
 from kvcal.core.policy import Policy, PrometheusAccess
@@ -42,7 +42,7 @@ class Rollout:
 
     def intervals(self, spec: AnalysisSpec, profiles: list[Profile]) -> list[AnalysisVerdict]:
         """One analysis interval per canary profile, stopping at the first Passed/Failed."""
-        metrics = PrometheusMetrics(self.selector, policy=self.prometheus.policy(), estimator=self.estimator)
+        metrics = PrometheusSource(self.selector, policy=self.prometheus.policy(), estimator=self.estimator)
         status, verdicts = AnalysisStatus(), []
         for profile in profiles:
             if profile != self.canary.profile:
@@ -157,7 +157,7 @@ def test_prometheus_down_counts_errors_then_fails() -> None:
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there: connection refused, as for a Prometheus down
     spec = spec_for(None, prometheus=PrometheusRef(address=dead))
     policy = Policy(prometheus_default=PrometheusAccess(name="down", address=dead))
-    metrics = PrometheusMetrics(promql.role_label_selector("ns"), policy=policy)
+    metrics = PrometheusSource(promql.role_label_selector("ns"), policy=policy)
     status, verdicts = AnalysisStatus(), []
     for _ in range(3):
         verdict = assess_run(spec, status, metrics.measure(spec, WINDOW_SECONDS), datetime.now(UTC))
@@ -206,7 +206,7 @@ def test_rank_test_pools_the_step_from_prometheus(rollout: Rollout) -> None:
     three intervals pooled hold about three times the interval's requests, and the look is the third."""
     rollout.settle(3 * WINDOW_SECONDS + 2)
     spec = spec_for(rollout.prometheus, interval=f"{WINDOW_SECONDS}s", latency=[LatencyCheck(metric="ttft")])
-    metrics = PrometheusMetrics(rollout.selector, policy=rollout.prometheus.policy())
+    metrics = PrometheusSource(rollout.selector, policy=rollout.prometheus.policy())
     pooled = metrics.measure(spec, WINDOW_SECONDS, 3 * WINDOW_SECONDS)
     single = metrics.measure(spec, WINDOW_SECONDS)
     ttft, ttft_single = (next(m for m in ms if m.metric == "ttft-p95") for ms in (pooled, single))

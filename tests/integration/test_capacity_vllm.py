@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcal.adapters.prometheus import PrometheusMetrics
+from kvcal.adapters.prometheus import PrometheusSource
 from kvcal.compare.server import ServerConfig, VllmServer
 from kvcal.core import promql
 from kvcal.core.analysis import assess_run
@@ -65,7 +65,7 @@ def test_a_canary_whose_fp8_did_not_apply_fails_the_analysis(
     spec = scrape(prometheus, "kv-not-applied", servers["auto"], servers["auto"])
     try:
         selector = promql.pod_regex_selector("kv-not-applied", BASELINE, CANARY)
-        metrics = PrometheusMetrics(selector, policy=prometheus.policy())
+        metrics = PrometheusSource(selector, policy=prometheus.policy())
         readings = metrics.kv_cache(spec)
         now = datetime.now(UTC)
         at = now.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -85,7 +85,7 @@ def test_fp8_beside_bf16_holds_twice_the_tokens(servers: dict[str, VllmServer], 
     spec = scrape(prometheus, "kv-fp8", servers["auto"], servers["fp8"])
     try:
         selector = promql.pod_regex_selector("kv-fp8", BASELINE, CANARY)
-        readings = PrometheusMetrics(selector, policy=prometheus.policy()).kv_cache(spec)
+        readings = PrometheusSource(selector, policy=prometheus.policy()).kv_cache(spec)
     finally:
         prometheus.remove_targets("kv-fp8")
     at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.observability import dashboard_exprs, prometheus_rule
 from tests.support.prereq import require
-from tests.unit.test_chart_observability import dashboard_exprs, prometheus_rule
 
 pytestmark = pytest.mark.prometheus
 

@@ -20,6 +20,7 @@ import yaml
 
 from tests.support.chart import Release, helm, install_chart, release_name, uninstall_chart
 from tests.support.cluster import Cluster, wait_for
+from tests.support.minimal import kvcalibration
 
 pytestmark = pytest.mark.cluster
 
@@ -52,19 +53,6 @@ class AsServiceAccount:
 
 def manifest(obj: dict[str, Any]) -> str:
     return json.dumps(obj)
-
-
-def kvcalibration(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "kvcal.dev/v1alpha1",
-        "kind": "KVCalibration",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"source": "pvc://models/smollm2"},
-            "calibration": {"dataset": {"source": "configmap://calib/prompts.jsonl"}, "output": "pvc://models/out"},
-            "serving": {"baseline": {"deployment": "smollm2", "service": "smollm2"}},
-        },
-    }
 
 
 def job(name: str) -> dict[str, Any]:
@@ -284,8 +272,14 @@ def test_chart_installs_and_operator_calls_are_allowed(
     route = f"/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/httproutes/llama"
     allowed = sa("get", "--raw", route)
     assert not is_forbidden(allowed) and "NotFound" in allowed.stderr, allowed.stderr
-    denied = sa("get", "--raw", f"/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/gateways/llama")
+    # The shadow stage reads the route's parent Gateway (its class name): get only, nothing else of Gateway API.
+    gateway = sa("get", "--raw", f"/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/gateways/llama")
+    assert not is_forbidden(gateway) and "NotFound" in gateway.stderr, gateway.stderr
+    denied = sa("get", "--raw", f"/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/grpcroutes/llama")
     assert is_forbidden(denied), denied.stderr
+    # InferencePools only with rbac.inferencePool (off by default; tests/e2e/test_inference_pool.py turns it on).
+    pool = sa("get", "--raw", f"/apis/inference.networking.k8s.io/v1/namespaces/{namespace}/inferencepools/llm")
+    assert is_forbidden(pool), pool.stderr
     assert_pod_meets_restricted_pod_security(control_plane, namespace, cluster_release)
 
 

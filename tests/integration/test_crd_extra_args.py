@@ -17,7 +17,7 @@ from kvcal.adapters.kube import KubeClient
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.services.reconciler import Reconciler
 from tests.support.cluster import Cluster
-from tests.unit.test_vllm_flags import FREE_SPELLINGS, OWNED_SPELLINGS
+from tests.support.vllm_args import FREE_SPELLINGS, OWNED_SPELLINGS
 
 pytestmark = pytest.mark.cluster
 

@@ -12,25 +12,11 @@ from kvcal.cli import main
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.ports import Target
 from tests.support.cluster import Cluster
+from tests.support.gateway_api import HTTPROUTE_CRD
 
 pytestmark = pytest.mark.cluster
 EXAMPLE = Path(__file__).parents[2] / "examples" / "demo-cpu.yaml"
 GROUP, VERSION, PLURAL = "kvcal.dev", "v1alpha1", "kvcalibrations"
-
-HTTPROUTE_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    # The real Gateway API CRDs carry this annotation too: *.k8s.io groups need it.
-    "metadata": {"name": "httproutes.gateway.networking.k8s.io",
-                 "annotations": {"api-approved.kubernetes.io": "https://github.com/kubernetes-sigs/gateway-api/pull/3328"}},
-    "spec": {
-        "group": "gateway.networking.k8s.io",
-        "names": {"kind": "HTTPRoute", "plural": "httproutes", "singular": "httproute", "listKind": "HTTPRouteList"},
-        "scope": "Namespaced",
-        "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
-            "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}],
-    },
-}  # fmt: skip
 
 
 def example() -> dict[str, Any]:

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from kvcal.adapters.probes import HttpProbes
-from kvcal.adapters.prometheus import PrometheusMetrics
+from kvcal.adapters.prometheus import PrometheusSource
 from kvcal.compare.server import VllmServer
 from kvcal.core import promql
 from kvcal.models.spec import AnalysisSpec, LatencyCheck, PrometheusRef, QualitySpec
@@ -70,7 +70,7 @@ def test_prometheus_measures_a_real_vllm_server(vllm_server: VllmServer, prometh
                 LatencyCheck(metric="e2e", quantile=0.5, max_regression=1.0),
             ],
         )
-        metrics = PrometheusMetrics(promql.role_label_selector("real-vllm"), policy=prometheus.policy())
+        metrics = PrometheusSource(promql.role_label_selector("real-vllm"), policy=prometheus.policy())
         measurements = {m.metric: m for m in metrics.measure(spec, 300)}
         assert measurements["requests"].phase == "Successful" and (measurements["requests"].canary or 0) >= 5
         for name in ("ttft-p95", "e2e-p50"):

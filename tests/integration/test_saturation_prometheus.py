@@ -1,4 +1,4 @@
-"""The saturation check through the real Prometheus: PrometheusMetrics reads requests running and waiting per pod and
+"""The saturation check through the real Prometheus: PrometheusSource reads requests running and waiting per pod and
 preemptions per request of two exporters serving vLLM's metric names (tests/support/exporter.py), and the gate
 passes a canary that saturates later than the baseline and fails one that queues and preempts more."""
 
@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvcal.adapters.prometheus import PrometheusMetrics
+from kvcal.adapters.prometheus import PrometheusSource
 from kvcal.core import promql
 from kvcal.models.spec import AnalysisSpec, PrometheusRef, SaturationCheck
 from tests.support.exporter import Profile, VllmExporter
@@ -46,7 +46,7 @@ def measure(prometheus: PrometheusServer, mode: str) -> dict[str, tuple[str, flo
         saturation=SaturationCheck.model_validate({"mode": mode}),
     )  # fmt: skip
     selector = promql.pod_regex_selector(NAMESPACE, "llm", "llm-kvcal-canary")
-    out = PrometheusMetrics(selector, policy=prometheus.policy()).measure(spec, WINDOW_SECONDS)
+    out = PrometheusSource(selector, policy=prometheus.policy()).measure(spec, WINDOW_SECONDS)
     return {m.metric: (m.phase, m.baseline, m.canary, m.message or "") for m in out}
 
 

@@ -9,7 +9,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kvcal.adapters.kube import GROUP, PLURAL, VERSION
+from kvcal.core.manifests.common import GROUP, PLURAL, VERSION
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.validate import problems_of
 from tests.integration.spec_cases import CASES, Case

@@ -1,4 +1,4 @@
-"""kvcal.core.vllm_flags and vllm_allowlist against vLLM 0.32's real `vllm serve` parser (FlexibleArgumentParser,
+"""kvcal.vllm_flags and vllm_allowlist against vLLM 0.32's real `vllm serve` parser (FlexibleArgumentParser,
 allow_abbrev on).
 
 Every spelling the operator refuses is one vLLM really maps onto an owned argument; every prefix vLLM resolves to an
@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 
-from kvcal.core import vllm_allowlist, vllm_flags
+from kvcal import vllm_flags
+from kvcal.core import vllm_allowlist
 from kvcal.core.manifests import build_canary_workload
 from kvcal.core.manifests.jobs import checkpoint_location
-from tests.unit.test_canary_flags import SPEC, baseline_with_odd_spellings
-from tests.unit.test_decide_support import OWNER, spec
-from tests.unit.test_vllm_allowlist import HOSTILE
+from tests.support.decide import OWNER, spec
+from tests.support.decide import SPEC_MODEL as SPEC
+from tests.support.vllm_args import HOSTILE, baseline_with_odd_spellings
 
 pytestmark = pytest.mark.vllm
 

@@ -119,7 +119,7 @@ def test_failing_reconciles_and_unverified_serving_are_degraded() -> None:
     """Issue #10: problems show where users look, Argo CD included."""
     from kvcal.core.conditions import set_condition
     from kvcal.models.status import KVCalibrationStatus
-    from tests.unit.test_decide_support import NOW
+    from tests.support.decide import NOW
 
     def succeeded(type_: str, state: str, message: str) -> dict[str, Any]:
         conditions = set_condition([], type_, state, "R", message, NOW, 3)  # type: ignore[arg-type]
@@ -140,7 +140,7 @@ def test_a_reverted_promotion_is_degraded() -> None:
     """Issue #11: Succeeded with Promoted=False (a sync or a person put BF16 back) is Degraded, not Healthy."""
     from kvcal.core.conditions import set_condition
     from kvcal.models.status import KVCalibrationStatus
-    from tests.unit.test_decide_support import NOW
+    from tests.support.decide import NOW
 
     conditions = set_condition([], "Promoted", "False", "Reverted", "changed by argocd-controller", NOW, 3)
     status = KVCalibrationStatus(phase=Phase.SUCCEEDED, observed_generation=3, conditions=conditions)

@@ -7,8 +7,8 @@ import pytest
 from kvcal.calibrator import report as R
 from kvcal.calibrator.config import CalibrationConfig
 from kvcal.calibrator.coverage import FAR_BELOW_FRACTION, length_coverage
+from tests.support.calib_report import make_report
 from tests.support.prereq import require_module
-from tests.unit.test_calib_report import make_report
 
 # SmolLM2-135M: 30 layers, 3 KV heads of 64 dims -> K+V of one token: 30 * 2 * 3 * 64 elements.
 SMOLLM2 = {"layers": 30, "kv_heads": 3, "head_dim": 64}

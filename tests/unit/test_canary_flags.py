@@ -7,37 +7,14 @@ parsed by vLLM 0.32's real parser in tests/integration/test_vllm_flags_parser.py
 
 from typing import Any
 
-from kvcal.core import vllm_flags
+from kvcal import vllm_flags
 from kvcal.core.manifests import build_canary_workload, build_promoted_baseline
 from kvcal.core.manifests.jobs import checkpoint_location
 from kvcal.core.spechash import spec_hash
-from tests.unit.test_decide_support import OWNER, baseline_manifest, spec
+from tests.support.decide import OWNER, spec
+from tests.support.vllm_args import baseline_with_odd_spellings
 
 SPEC = spec()
-BASELINE_ARGS = [
-    "--model=/models/smollm2",
-    "--kv_cache_dtype=auto",
-    "--calculate_kv_scales",
-    " --kv-cache-dtype",
-    "auto",
-    "--no-calculate-kv-scales",
-    "--served_model_name",
-    "llm",
-    "--kv-cache-dtype-skip-layers",
-    "0",
-    "5",
-    "--kv_cache_dtype_skip_layers=9",
-    "--port",
-    "8000",
-]
-
-
-def baseline_with_odd_spellings() -> dict[str, Any]:
-    baseline = baseline_manifest()
-    container = baseline["spec"]["template"]["spec"]["containers"][0]
-    container["command"] = ["vllm", "serve", "--calculate-kv-scales"]
-    container["args"] = list(BASELINE_ARGS)
-    return baseline
 
 
 def _canary_argv(pod_spec: dict[str, Any]) -> list[str]:

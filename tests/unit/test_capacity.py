@@ -19,8 +19,7 @@ from kvcal.core.decide import decide
 from kvcal.core.observations import Decision
 from kvcal.models.spec import CapacityCheck
 from kvcal.models.status import AnalysisStatus, Phase
-from tests.unit.test_decide import ANALYZING, canary, m
-from tests.unit.test_decide_support import NOW, observations, spec
+from tests.support.decide import ANALYZING, NOW, canary, m, observations, spec
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "vllm-0.32-cpu"
 AT = "2026-01-02T03:04:05Z"

@@ -1,74 +1,22 @@
 """The Helm chart, rendered and linted by the real helm binary: security context, least-privilege RBAC, schema."""
 
-import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.support.prereq import require
-
-CHART = Path(__file__).resolve().parents[2] / "charts" / "kvcal"
-CACHE = Path(os.environ.get("KVCAL_CACHE", Path.home() / ".cache" / "kvcal"))
-# helm template assumes an old cluster (v1.20) without one; the chart needs >= 1.30 (CEL validation in the CRD).
-KUBE_VERSION = "1.35.0"
-
-
-def helm_binary() -> str:
-    found = CACHE / "bin" / "helm"
-    if found.is_file():
-        return str(found)
-    on_path = shutil.which("helm")
-    require(on_path, "helm not built yet: run `make control-plane` (hack/build-control-plane.sh)")
-    assert on_path is not None
-    return on_path
-
-
-def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([helm_binary(), *args], capture_output=True, text=True, timeout=60)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
-def set_args(values: dict[str, str]) -> list[str]:
-    return [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
-
-
-def render(values: dict[str, str] | None = None, namespace: str = "kvcal-system") -> list[dict[str, Any]]:
-    out = helm(
-        "template", "rel", str(CHART), "--kube-version", KUBE_VERSION, "--namespace", namespace, *set_args(values or {})
-    ).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
-
-
-def one(docs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
-    found = [
-        d
-        for d in docs
-        if d["kind"] == kind
-        and d["metadata"]["name"].endswith(name_suffix)
-        and not is_user_role(d)
-        and (is_leader_election(d) == name_suffix.endswith(LEADER_ELECTION))
-    ]
-    assert len(found) == 1, f"expected one {kind} *{name_suffix}, got {[d['metadata']['name'] for d in found]}"
-    return found[0]
-
-
-def is_user_role(doc: dict[str, Any]) -> bool:
-    """The ClusterRoles aggregated into admin/edit/view: for people, not the operator."""
-    return any(k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in doc["metadata"].get("labels", {}))
-
-
-LEADER_ELECTION = "-leader-election"
-
-
-def is_leader_election(doc: dict[str, Any]) -> bool:
-    """The Role (and binding) for the leader-election Lease, in the release namespace whatever rbac.scope says."""
-    return bool(doc["metadata"]["name"].endswith(LEADER_ELECTION))
+from tests.support.helm_template import (
+    CHART,
+    KUBE_VERSION,
+    LEADER_ELECTION,
+    helm,
+    is_leader_election,
+    is_user_role,
+    one,
+    render,
+    set_args,
+)
 
 
 def operator_roles(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -154,7 +102,8 @@ def test_namespace_scope_uses_a_role_in_the_watched_namespace(namespaced_docs: l
     assert one(namespaced_docs, "RoleBinding")["metadata"]["namespace"] == "team-a"
     args = one(namespaced_docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a"]
-    # The only cluster-scoped grant left: reading CRDs and namespaces for kopf's discovery.
+    # The only cluster-scoped grants left, all read-only: CRDs and namespaces for kopf's discovery, GatewayClasses
+    # for the shadow stage (can the route's gateway mirror?).
     (cluster_role,) = [d for d in operator_roles(namespaced_docs) if d["kind"] == "ClusterRole"]
     assert cluster_role["rules"] == [
         {
@@ -163,6 +112,7 @@ def test_namespace_scope_uses_a_role_in_the_watched_namespace(namespaced_docs: l
             "verbs": ["get", "list", "watch"],
         },
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["gateway.networking.k8s.io"], "resources": ["gatewayclasses"], "verbs": ["get"]},
     ]
     without = render({**NAMESPACED, "rbac.clusterDiscovery": "false", "rbac.aggregateToDefaultRoles": "false"})
     assert not [d for d in without if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
@@ -257,7 +207,34 @@ def test_user_roles_aggregate_into_edit_and_view(default_docs: list[dict[str, An
 
 def test_gateway_api_grant_is_optional() -> None:
     rules = rbac_rules(render({"rbac.gatewayApi": "false"}))
-    assert not granted(rules, "gateway.networking.k8s.io", "httproutes")
+    for resource in ("httproutes", "gateways", "gatewayclasses"):
+        assert not granted(rules, "gateway.networking.k8s.io", resource)
+
+
+@pytest.mark.parametrize("scope", ["cluster", "namespace"])
+def test_the_shadow_stage_reads_gateways_and_their_classes_only(scope: str) -> None:
+    docs = render({"rbac.scope": scope, "watchNamespace": "llm"})
+    rules = [r for d in docs if d["kind"] in ("Role", "ClusterRole") and "rules" in d for r in d["rules"]]
+    gateway_rules = [r for r in rules if r["apiGroups"] == ["gateway.networking.k8s.io"]]
+    verbs = {resource: set(r["verbs"]) for r in gateway_rules for resource in r["resources"]}
+    assert verbs == {"httproutes": {"get", "patch"}, "gateways": {"get"}, "gatewayclasses": {"get"}}
+
+
+def operator_args(docs: list[dict[str, Any]]) -> list[str]:
+    args: list[str] = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+@pytest.mark.parametrize("scope", ["cluster", "namespace"])
+def test_inference_pool_grant_and_flag_only_when_the_admin_allows_it(scope: str) -> None:
+    """Off by default: no InferencePool verb and no --allow-inference-pool, so the operator refuses the router
+    (core.policy). On: exactly the verbs the operator uses (get the baseline's pool, create and delete the canary's)."""
+    closed = render({"rbac.scope": scope})
+    assert not granted(rbac_rules(closed), "inference.networking.k8s.io", "inferencepools")
+    assert "--allow-inference-pool" not in operator_args(closed)
+    opened = render({"rbac.scope": scope, "rbac.inferencePool": "true"})
+    assert granted(rbac_rules(opened), "inference.networking.k8s.io", "inferencepools") == {"get", "create", "delete"}
+    assert "--allow-inference-pool" in operator_args(opened)
 
 
 def test_metrics_service_targets_the_operator(default_docs: list[dict[str, Any]]) -> None:

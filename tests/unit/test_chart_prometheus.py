@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from kvcal.core.policy import DEFAULT_PROMETHEUS_ADDRESS, Policy, PrometheusAccess
-from tests.unit.test_chart import CHART, KUBE_VERSION, helm, one, render, set_args
-from tests.unit.test_chart_policy import operator_policy
+from tests.support.helm_template import CHART, KUBE_VERSION, helm, one, operator_policy, render, set_args
 
 SECURED = {
     "policy.prometheus.default.address": "https://prometheus.monitoring.svc:9090",

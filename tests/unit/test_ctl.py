@@ -10,8 +10,8 @@ from kvcal.core.phases import LIFECYCLE
 from kvcal.core.spechash import spec_hash
 from kvcal.ctl import ANNOTATIONS, render_status
 from kvcal.models.status import CalibrationStatus, KVCalibrationStatus, Phase
-from tests.unit.test_decide_support import NOW, observations
-from tests.unit.test_decide_support import spec as make_spec
+from tests.support.decide import NOW, observations
+from tests.support.decide import spec as make_spec
 
 OBJ: dict[str, Any] = {
     "metadata": {"name": "llama", "namespace": "prod", "generation": 3},

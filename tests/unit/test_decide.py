@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from kvcal.core.decide import decide, measurement_due, next_measurement_at
-from kvcal.core.manifests import calibration_job_name, canary_name, verification_job_name
+from kvcal.core.manifests import calibration_job_name
 from kvcal.core.observations import (
     ABORT_ANNOTATION,
     PROMOTE_ANNOTATION,
@@ -18,9 +18,7 @@ from kvcal.core.observations import (
     Create,
     Decision,
     Delete,
-    DeploymentState,
     Observations,
-    Patch,
     SetWeight,
 )
 from kvcal.core.phases import LIFECYCLE, IllegalTransition
@@ -29,70 +27,34 @@ from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import (
     AnalysisStatus,
     CalibrationStatus,
-    CanaryStatus,
     KVCalibrationStatus,
-    Measurement,
     Phase,
     VerificationStatus,
 )
 from kvcal.services.reconciler import parse_spec
-from tests.unit.test_decide_support import NOW, OWNER, baseline, job, observations, spec
-from tests.unit.test_decide_support import SPEC as SPEC_DICT
-
-P = Phase
-SPEC = spec()
-H = spec_hash(SPEC)
-CALIB = calibration_job_name(OWNER.name, H)
-VERIFY = verification_job_name(OWNER.name, H)
-CANARY = canary_name(OWNER.name)
-SUMMARY = json.dumps(
-    {
-        "samples": 64,
-        "tokens": 30712,
-        "strategy": "tensor",
-        "observer": "static_minmax",
-        "kScaleMax": 0.41,
-        "vScaleMax": 0.07,
-        "holdoutClipRateDefault": {"k": 0.012, "v": 0.03},
-        "holdoutClipRateCalibrated": {"k": 0.0, "v": 0.0},
-        "top1AgreementDefault": 0.906,
-        "top1AgreementCalibrated": 0.981,
-        "durationSeconds": 61.2,
-        "artifact": "/kvcal/pvc/models/smollm2-fp8kv",
-        "modelHash": "9f2c" * 16,
-        "modelRevision": "abc123",
-        "device": "cuda:0,cuda:1",
-        "placement": "several-devices",
-        "dtype": "bfloat16",
-        "peakDeviceMemoryBytes": 71_000_000_000,
-        "tokensPerSecond": 41250.5,
-        "reportVersion": 1,
-    }
+from tests.support.decide import (
+    ANALYZING,
+    CALIB,
+    CANARY,
+    NOW,
+    OWNER,
+    SUMMARY,
+    VERIFY,
+    H,
+    P,
+    baseline,
+    canary,
+    job,
+    m,
+    observations,
+    spec,
+    status,
 )
+from tests.support.decide import SPEC as SPEC_DICT
+from tests.support.decide import SPEC_MODEL as SPEC
+
 VERIFIED = json.dumps({"ok": True, "layers": 30, "mismatches": 0, "problems": []})
 MISMATCH = json.dumps({"ok": False, "layers": 30, "mismatches": 2, "problems": ["layer 3 k_scale 1.0 != 0.41"]})
-
-
-def status(phase: Phase, **fields: Any) -> KVCalibrationStatus:
-    calibration = CalibrationStatus(job=CALIB, spec_hash=H) if phase != P.PENDING else CalibrationStatus()
-    fields.setdefault("calibration", calibration)
-    return KVCalibrationStatus(phase=phase, **fields)
-
-
-def canary(replicas: int = 2, ready: int = 2, **kw: Any) -> DeploymentState:
-    return DeploymentState(manifest={}, replicas=replicas, ready_replicas=ready, **kw)
-
-
-def m(phase: str, metric: str = "ttft-p95") -> Measurement:
-    return Measurement(metric=metric, phase=phase, at="2026-01-02T03:04:05Z", baseline=0.1, canary=0.1)  # type: ignore[arg-type]
-
-
-ANALYZING = status(
-    P.ANALYZING,
-    verification=VerificationStatus(job=VERIFY, layers=30, mismatches=0),
-    canary=CanaryStatus(deployment=CANARY, weight=50, ready_replicas=2),
-    analysis=AnalysisStatus(started_at="2026-01-02T03:00:00Z"),
-)
 
 
 @dataclass
@@ -112,7 +74,7 @@ def summarize(d: Decision) -> list[str]:
         match a:
             case Create(manifest=mf) | Apply(manifest=mf) | ApplyOwnedFields(manifest=mf):
                 out.append(f"{type(a).__name__} {mf['kind']}/{mf['metadata']['name']}")
-            case Patch(kind=k, name=n) | Delete(kind=k, name=n):
+            case Delete(kind=k, name=n):
                 out.append(f"{type(a).__name__} {k}/{n}")
             case SetWeight(weight=w):
                 out.append(f"SetWeight {w}")
@@ -618,7 +580,7 @@ def test_inconclusive_never_promotes() -> None:
         d = decide(SPEC, s, observations(canary=canary(), measurements=(m("Inconclusive"),)), NOW)
         s = d.status
     assert s.phase in (P.ROLLING_BACK, P.ROLLED_BACK)
-    assert all(not isinstance(a, Patch) for a in d.actions)
+    assert all(not isinstance(a, ApplyOwnedFields) for a in d.actions)
 
 
 def test_weight_and_replicas_follow_the_traffic_plan() -> None:

@@ -8,8 +8,8 @@ from kvcal.calibrator.config import CalibrationConfig
 from kvcal.calibrator.coverage import length_coverage
 from kvcal.core.decide import decide
 from kvcal.core.observations import Create, DeploymentState
-from tests.unit.test_decide import CALIB, SPEC, SUMMARY, P, status
-from tests.unit.test_decide_support import NOW, baseline_manifest, job, observations
+from tests.support.decide import CALIB, NOW, SUMMARY, P, baseline_manifest, job, observations, status
+from tests.support.decide import SPEC_MODEL as SPEC
 
 
 def test_context_warning_reaches_status_condition_and_a_warning_event() -> None:

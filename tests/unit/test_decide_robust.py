@@ -16,32 +16,17 @@ from kvcal.core.redact import redact
 from kvcal.core.spechash import spec_hash
 from kvcal.metrics import OperatorMetrics
 from kvcal.models.status import (
-    AnalysisStatus,
-    CalibrationStatus,
-    CanaryStatus,
     KVCalibrationStatus,
     Phase,
-    VerificationStatus,
 )
 from kvcal.ports import Kind, Manifest
 from kvcal.services.failures import describe_failure
 from kvcal.services.reconciler import Reconciler
-from tests.unit.test_decide_reconciler import FakeKube, kvcal
-from tests.unit.test_decide_support import NOW, POLICY, baseline, baseline_manifest, job, observations, spec
+from tests.support.decide import NOW, POLICY, baseline, baseline_manifest, job, observations, spec, started
+from tests.support.fakekube import FakeKube, kvcal
 
 P = Phase
 H = spec_hash(spec())
-
-
-def started(phase: Phase) -> KVCalibrationStatus:
-    """A status as the operator writes it in `phase` (calibrated and verified from Deploying on)."""
-    return KVCalibrationStatus(
-        phase=phase,
-        calibration=CalibrationStatus(job="c", spec_hash=H, artifact="pvc://models/smollm2-fp8kv"),
-        verification=VerificationStatus(job="v", layers=30, mismatches=0),
-        canary=CanaryStatus(deployment="smollm2-canary", step_index=0),
-        analysis=AnalysisStatus(started_at="2026-01-02T03:00:00Z"),
-    )
 
 
 def zero_replicas() -> DeploymentState:

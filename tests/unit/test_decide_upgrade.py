@@ -22,7 +22,7 @@ from kvcal.models.status import (
     ServingStatus,
     VerificationStatus,
 )
-from tests.unit.test_decide_support import NOW, OWNER, SPEC, baseline, job, observations, spec
+from tests.support.decide import NOW, OWNER, SPEC, baseline, job, observations, spec
 
 P = Phase
 NO_IMAGE: dict[str, Any] = {**SPEC["calibration"], "job": {"backoffLimit": 0}}  # the user names no image

@@ -14,10 +14,10 @@ from kvcal.core.manifests import canary_name
 from kvcal.core.observations import Decision, Delete, DeploymentState, SetWeight
 from kvcal.core.spechash import spec_hash
 from kvcal.models.status import AnalysisStatus, CalibrationStatus, CanaryStatus, KVCalibrationStatus, Phase
-from kvcal.ports import Metrics, Probes, Router, Target
+from kvcal.ports import MetricsSource, Probes, Router, Target
 from kvcal.services.reconciler import Reconciler
-from tests.unit.test_decide_reconciler import FakeKube, kvcal
-from tests.unit.test_decide_support import NOW, OWNER, baseline, observations, spec
+from tests.support.decide import NOW, OWNER, baseline, observations, spec
+from tests.support.fakekube import FakeKube, kvcal
 
 P = Phase
 CANARY = canary_name(OWNER.name)
@@ -159,21 +159,27 @@ def test_canary_share_read_from_the_route() -> None:
 class FakeRoute:
     """A router whose weight lands when set and can be read back."""
 
-    def __init__(self, weight: int) -> None:
-        self.weight = weight
+    def __init__(self, weight: int, mirror: int = 0) -> None:
+        self.weight, self.mirror = weight, mirror
 
-    def set_weight(self, target: Target, weight: int) -> None:
-        self.weight = weight
+    def set_weight(self, target: Target, weight: int, mirror: int = 0) -> None:
+        self.weight, self.mirror = weight, mirror
 
     def get_weight(self, target: Target) -> int | None:
         return self.weight
+
+    def get_mirror(self, target: Target) -> int | None:
+        return self.mirror
+
+    def gateway_features(self, target: Target) -> frozenset[str] | None:
+        return None
 
 
 @dataclass
 class RouteOnly:
     route: FakeRoute
 
-    def metrics(self, target: Target) -> Metrics | None:
+    def metrics_source(self, target: Target) -> MetricsSource | None:
         return None
 
     def probes(self, target: Target) -> Probes | None:

@@ -12,8 +12,8 @@ from kvcal.core.spechash import spec_hash
 from kvcal.models.status import CalibrationStatus, HistoryEntry, KVCalibrationStatus, Phase
 from kvcal.ports import Manifest
 from kvcal.services.reconciler import Reconciler
-from tests.unit.test_decide_reconciler import FakeKube, kvcal
-from tests.unit.test_decide_support import NOW, POLICY, observations, spec
+from tests.support.decide import NOW, POLICY, observations, spec
+from tests.support.fakekube import FakeKube, kvcal
 
 
 class Killed(BaseException):

@@ -23,8 +23,10 @@ from kvcal.core.manifests import (
 )
 from kvcal.core.manifests.canary import fp8_container, fp8_pod_spec
 from kvcal.core.manifests.jobs import baseline_tensor_parallel_size
+from kvcal.core.manifests.pool import build_canary_picker, build_canary_picker_service, build_canary_pool
 from kvcal.core.spechash import spec_hash
-from tests.unit.test_decide_support import OWNER, baseline_manifest, baseline_service, spec, statefulset_manifest
+from tests.support.decide import OWNER, baseline_manifest, baseline_service, spec, statefulset_manifest
+from tests.support.pool import POOL_SPEC, baseline_pool, picker, picker_service
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 SPEC = spec()
@@ -49,6 +51,22 @@ PROTECTED_SPEC = spec(
 )
 
 
+GATEWAY_SPEC = spec(
+    serving={**SPEC.serving.model_dump(by_alias=True), "traffic": {"router": "gateway-api", "httpRoute": "llm"}}
+)
+NONE_STATEFULSET_SPEC = spec(
+    serving={"baseline": {"deployment": "llm", "service": "llm", "kind": "StatefulSet"}, "traffic": {"router": "none"}}
+)
+
+
+def _labelled_baseline() -> dict[str, Any]:
+    """A baseline whose pods carry a label beside the Service's selector (kept on the canary under every router)."""
+    b = baseline_manifest(2)
+    b["spec"]["selector"]["matchLabels"]["model"] = "smollm2"
+    b["spec"]["template"]["metadata"]["labels"]["model"] = "smollm2"
+    return b
+
+
 def _serve_style_baseline() -> dict[str, Any]:
     b = baseline_manifest(1)
     c = b["spec"]["template"]["spec"]["containers"][0]
@@ -68,6 +86,12 @@ def _tensor_parallel_baseline() -> dict[str, Any]:
 
 
 CASES: dict[str, Any] = {
+    "canary-inference-pool": lambda: build_canary_pool(OWNER, baseline_pool()),
+    "canary-picker-deployment": lambda: build_canary_picker(OWNER, picker()),
+    "canary-picker-service": lambda: build_canary_picker_service(OWNER, picker_service()),
+    "canary-deployment-inference-pool": lambda: build_canary_workload(
+        OWNER, POOL_SPEC, baseline_manifest(), 1, baseline_service(), frozenset({"tier"})
+    ),
     "calibration-configmap": lambda: build_calibration_configmap(OWNER, SPEC, H),
     "calibration-job": lambda: build_calibration_job(OWNER, SPEC, H),
     "calibration-job-hostpath": lambda: build_calibration_job(OWNER, HOSTPATH_SPEC, spec_hash(HOSTPATH_SPEC)),
@@ -80,6 +104,12 @@ CASES: dict[str, Any] = {
     ),
     "canary-deployment": lambda: build_canary_workload(OWNER, SPEC, baseline_manifest(), 2),
     "canary-deployment-serve-style": lambda: build_canary_workload(OWNER, HOSTPATH_SPEC, _serve_style_baseline(), 1),
+    "canary-deployment-gateway-api": lambda: build_canary_workload(
+        OWNER, GATEWAY_SPEC, _labelled_baseline(), 1, baseline_service()
+    ),
+    "canary-statefulset-router-none": lambda: build_canary_workload(
+        OWNER, NONE_STATEFULSET_SPEC, statefulset_manifest(), 1, baseline_service()
+    ),
     "canary-service": lambda: build_canary_service(OWNER, baseline_service()),
     "promoted-baseline-patch": lambda: build_promoted_baseline(OWNER, SPEC, H, baseline_manifest()),
     "canary-deployment-protected": lambda: build_canary_workload(OWNER, PROTECTED_SPEC, baseline_manifest(), 1),

@@ -9,16 +9,10 @@ import re
 from typing import Any
 
 import pytest
-import yaml
 
 from kvcal.models.spec import KVCalibrationSpec
-from tests.unit.test_models import REPO
+from tests.support.crd import BOUNDS, SPEC_SCHEMA
 
-CRD = yaml.safe_load((REPO / "crds" / "kvcal.dev_kvcalibrations.yaml").read_text())
-SPEC_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-# OpenAPI and JSON Schema spell these the same.
-BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "minItems",
-          "maxItems", "pattern")  # fmt: skip
 Bounds = dict[str, dict[str, Any]]
 MATCHES = re.compile(r"self\.matches\('(.*)'\)")
 

@@ -26,8 +26,7 @@ from kvcal.models.status import (
     NotificationsStatus,
     Phase,
 )
-from tests.unit.test_decide import ANALYZING, canary, status
-from tests.unit.test_decide_support import NOW, OWNER, baseline, observations, spec
+from tests.support.decide import ANALYZING, NOW, OWNER, baseline, canary, observations, spec, status
 
 UID = OWNER.uid
 JSON = WebhookTarget(name="ops", url_file="/u")

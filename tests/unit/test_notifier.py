@@ -16,8 +16,8 @@ from kvcal.models.status import HistoryEntry, KVCalibrationStatus, Phase
 from kvcal.services.notifier import Notifier, backoff
 from kvcal.services.reconciler import Reconciler
 from tests.support.cluster import wait_for
-from tests.unit.test_decide_reconciler import FakeKube, kvcal
-from tests.unit.test_decide_support import NOW, OWNER, POLICY
+from tests.support.decide import NOW, OWNER, POLICY
+from tests.support.fakekube import FakeKube, kvcal
 
 URL = "https://hooks.example.com/services/T000/B000/secret-path"
 TOKEN = "s3cr3t-token"

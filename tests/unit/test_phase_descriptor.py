@@ -14,7 +14,7 @@ from kvcal.core.phases import LIFECYCLE, IllegalTransition, Lifecycle, PhaseDesc
 from kvcal.ctl import render_status
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import KVCalibrationStatus, Phase
-from tests.unit.test_decide_support import NOW, observations, spec
+from tests.support.decide import NOW, observations, spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SOAKING = "Soaking"  # not a CRD phase: it exists only in this test's copy of the descriptor

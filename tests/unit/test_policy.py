@@ -1,6 +1,5 @@
 """core.policy.check: the operator's security policy on a spec (issue #10 item 1), and decide() refusing it."""
 
-import copy
 import re
 from pathlib import Path
 from typing import Any
@@ -21,24 +20,11 @@ from kvcal.core.policy import (
 )
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import KVCalibrationStatus, Phase
-from tests.unit.test_decide_support import NOW, SPEC, observations
+from tests.support.decide import NOW, observations, spec_with
 
 REPO = Path(__file__).resolve().parents[2]
 CHART_VALUES = yaml.safe_load((Path(__file__).resolve().parents[2] / "charts/kvcal/values.yaml").read_text())
 SECURE = Policy()  # the defaults: hostpath:// off, only the default calibrator image
-
-
-def spec_with(**changes: Any) -> KVCalibrationSpec:
-    """SPEC with dotted paths set, e.g. spec_with(**{"model.source": "hostpath:///etc"})."""
-    data = copy.deepcopy(SPEC)
-    data["calibration"]["job"]["image"] = DEFAULT_CALIBRATOR_IMAGE
-    for path, value in changes.items():
-        *parents, leaf = path.split(".")
-        node = data
-        for key in parents:
-            node = node[key]
-        node[leaf] = value
-    return KVCalibrationSpec.model_validate(data)
 
 
 def stored_with(spec: KVCalibrationSpec, source: str | None = None, output: str | None = None) -> KVCalibrationSpec:

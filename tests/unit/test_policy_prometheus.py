@@ -19,8 +19,7 @@ from kvcal.core.policy import (
 )
 from kvcal.models.spec import KVCalibrationSpec, PrometheusRef
 from kvcal.models.status import KVCalibrationStatus, Phase
-from tests.unit.test_decide_support import NOW, observations
-from tests.unit.test_policy import spec_with
+from tests.support.decide import NOW, observations, spec_with
 
 CHART_VALUES = yaml.safe_load((Path(__file__).resolve().parents[2] / "charts/kvcal/values.yaml").read_text())
 THANOS = PrometheusAccess(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcal.adapters.prometheus import PrometheusMetrics, QueryError, Unreachable, connect, run_query
+from kvcal.adapters.prometheus import PrometheusSource, QueryError, Unreachable, connect, run_query
 from kvcal.core import promql
 from kvcal.core.analysis import assess_run
 from kvcal.core.policy import Policy, PrometheusAccess
@@ -84,7 +84,7 @@ def test_an_error_answers_body_reaches_neither_the_error_nor_the_status(
 
     spec = AnalysisSpec(prometheus=PrometheusRef(address=server.url), latency=[], min_requests=0)
     policy = Policy(prometheus_default=access(server.url))
-    measurements = PrometheusMetrics(promql.role_label_selector("ns"), policy=policy).measure(spec, 60)
+    measurements = PrometheusSource(promql.role_label_selector("ns"), policy=policy).measure(spec, 60)
     assert [(m.metric, m.phase) for m in measurements] == [("prometheus", "Error")]
     status = assess_run(spec, AnalysisStatus(), measurements, datetime.now(UTC)).status
     written = json.dumps(status.to_wire())
@@ -129,7 +129,7 @@ def test_a_redirect_is_not_followed(server: Server) -> None:
 
 def test_a_spec_that_picks_no_configured_prometheus_fetches_nothing(server: Server) -> None:
     policy = Policy(prometheus_default=access("http://prometheus.monitoring:9090"))
-    metrics = PrometheusMetrics(promql.role_label_selector("ns"), policy=policy)
+    metrics = PrometheusSource(promql.role_label_selector("ns"), policy=policy)
     for ref in (PrometheusRef(address=server.url), PrometheusRef(name="other")):
         spec = AnalysisSpec(prometheus=ref, latency=[], min_requests=0)
         (error,) = metrics.measure(spec, 60)
@@ -143,7 +143,7 @@ def test_the_configured_entry_is_queried_whatever_the_spec_spells(server: Server
     """Picked by name, the configured address is used; the spec's own string never becomes a URL."""
     policy = Policy(prometheus_additional=(access(server.url + "/"),))
     spec = AnalysisSpec(prometheus=PrometheusRef(name="metrics"), latency=[], min_requests=0)
-    measurements = PrometheusMetrics(promql.role_label_selector("ns"), policy=policy).measure(spec, 60)
+    measurements = PrometheusSource(promql.role_label_selector("ns"), policy=policy).measure(spec, 60)
     assert all(m.phase != "Error" for m in measurements), measurements
     assert server.received and all(path.startswith("/api/v1/query?") for path, _ in server.received)
 
@@ -174,7 +174,7 @@ def test_an_unreadable_credentials_file_fails_closed(server: Server, tmp_path: P
     missing = access(server.url.replace("http:", "https:"), bearer_token_file=str(tmp_path / "absent"))
     policy = Policy(prometheus_default=missing)
     spec = AnalysisSpec(prometheus=PrometheusRef(), latency=[], min_requests=0)
-    (error,) = PrometheusMetrics(promql.role_label_selector("ns"), policy=policy).measure(spec, 60)
+    (error,) = PrometheusSource(promql.role_label_selector("ns"), policy=policy).measure(spec, 60)
     assert (error.phase, error.message) == (
         "Error",
         "Prometheus 'metrics': its bearerTokenFile cannot be read (see the operator's log)",
@@ -185,7 +185,7 @@ def test_an_unreadable_credentials_file_fails_closed(server: Server, tmp_path: P
 def test_nothing_answers_is_one_error_without_the_url() -> None:
     dead = access("http://127.0.0.1:9")
     spec = AnalysisSpec(prometheus=PrometheusRef(), latency=[], min_requests=0)
-    (error,) = PrometheusMetrics(promql.role_label_selector("ns"), policy=Policy(prometheus_default=dead)).measure(
+    (error,) = PrometheusSource(promql.role_label_selector("ns"), policy=Policy(prometheus_default=dead)).measure(
         spec, 60
     )
     assert (error.metric, error.phase, error.message) == (

@@ -10,8 +10,7 @@ from kvcal.core.observations import PROMOTE_ANNOTATION, ApplyOwnedFields, Decisi
 from kvcal.core.policy import VLLM_FLAGS_VALUE, Policy
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import KVCalibrationStatus, Phase
-from tests.unit.test_decide import ANALYZING, canary, status
-from tests.unit.test_decide_support import NOW, POLICY, SPEC, baseline, observations, spec
+from tests.support.decide import ANALYZING, NOW, POLICY, SPEC, baseline, canary, observations, spec, status
 
 EXTRA_ARGS = ["--max-num-seqs", "8", "--enforce-eager"]
 # The admin took --enforce-eager off the list after the canary started (a chart upgrade restarts the operator).

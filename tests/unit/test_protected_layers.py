@@ -10,8 +10,19 @@ from kvcal.core.manifests import build_verification_job, calibration_job_name
 from kvcal.core.observations import Apply, ApplyOwnedFields, Create
 from kvcal.core.spechash import spec_hash
 from kvcal.models.status import CalibrationStatus, KVCalibrationStatus, Phase
-from tests.unit.test_decide import CANARY, SUMMARY, canary, status
-from tests.unit.test_decide_support import NOW, OWNER, baseline, baseline_manifest, job, observations, spec
+from tests.support.decide import (
+    CANARY,
+    NOW,
+    OWNER,
+    SUMMARY,
+    baseline,
+    baseline_manifest,
+    canary,
+    job,
+    observations,
+    spec,
+    status,
+)
 
 FROM_REPORT = spec(
     serving={

@@ -12,7 +12,7 @@ from kvcal.core.observations import DeploymentState
 from kvcal.core.rollout.reverts import args_managers, is_reverted
 from kvcal.core.spechash import spec_hash
 from kvcal.models.status import CalibrationStatus, KVCalibrationStatus, Phase
-from tests.unit.test_decide_support import NOW, OWNER, baseline, baseline_manifest, observations, spec
+from tests.support.decide import NOW, OWNER, baseline, baseline_manifest, observations, spec
 
 H = spec_hash(spec())
 ARGS_PATH = {"f:spec": {"f:template": {"f:spec": {"f:containers": {'k:{"name":"vllm"}': {"f:args": {}}}}}}}

@@ -7,7 +7,7 @@ import pytest
 
 from kvcal.validate import problems_of
 from tests.integration.spec_cases import CASES, LEFT_TO_OTHERS, REPO, Case
-from tests.unit.test_models_bounds import BOUNDS, SPEC_SCHEMA
+from tests.support.crd import BOUNDS, SPEC_SCHEMA
 
 
 def crd_constraints(schema: dict[str, Any], path: str = "spec") -> set[str]:

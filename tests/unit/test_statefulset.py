@@ -15,8 +15,8 @@ from kvcal.core.spechash import spec_hash
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import Phase
 from kvcal.services.reconciler import workload_state
-from tests.unit.test_decide import ANALYZING, status
-from tests.unit.test_decide_support import (
+from tests.support.decide import (
+    ANALYZING,
     NOW,
     OWNER,
     SPEC,
@@ -24,6 +24,7 @@ from tests.unit.test_decide_support import (
     observations,
     spec,
     statefulset_manifest,
+    status,
 )
 
 STS = spec(serving={"baseline": {"deployment": "llm", "service": "llm", "kind": "StatefulSet"}})

@@ -14,7 +14,7 @@ from kvcal.verify import static
 from kvcal.verify.runtime import LoadedScale, compare
 from kvcal.verify.static import LayerScales, ModelShape, StaticResult
 from kvcal.verify.tensors import encode
-from tests.unit.test_verify_static import LAYERS, Raw, config, scales, write
+from tests.support.checkpoints import LAYERS, Raw, config, scales, write
 
 DATA = Path(__file__).parents[1] / "data" / "vllm-0.32-cpu"
 

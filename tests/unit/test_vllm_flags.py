@@ -1,4 +1,4 @@
-"""kvcal.core.vllm_flags: flags read the way vLLM's parser reads them, and what extraArgs may not set.
+"""kvcal.vllm_flags: flags read the way vLLM's parser reads them, and what extraArgs may not set.
 
 The agreement with vLLM 0.32's real parser is proven in tests/integration/test_vllm_flags_parser.py; the same
 reproductions are rejected at admission in tests/integration/test_crd_extra_args.py.
@@ -11,71 +11,13 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from kvcal.core import vllm_flags
+from kvcal import vllm_flags
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.services.reconciler import parse_spec
+from tests.support.vllm_args import FREE_SPELLINGS, OWNED_SPELLINGS
 
 REPO = Path(__file__).resolve().parents[2]
 MINIMAL_SPEC: dict[str, Any] = yaml.safe_load((REPO / "examples" / "minimal-per-tensor.yaml").read_text())["spec"]
-
-# (extraArgs item, the owned flag vLLM would set): every spelling vLLM's parser maps onto that flag.
-OWNED_SPELLINGS = [
-    ("--kv-cache-dtype", "--kv-cache-dtype"),
-    ("--kv_cache_dtype=auto", "--kv-cache-dtype"),
-    (" --kv-cache-dtype", "--kv-cache-dtype"),
-    ("--kv-cache-dtype\t", "--kv-cache-dtype"),
-    ("--kv-cache-dtype auto", "--kv-cache-dtype"),
-    ("--kv-cache-dt", "--kv-cache-dtype"),
-    ("--kv_cache_dt=auto", "--kv-cache-dtype"),
-    ("--kv-cache-dtype.x=1", "--kv-cache-dtype"),
-    ("--model=/etc", "--model"),
-    ("--model", "--model"),
-    ("--calculate-kv-scales", "--calculate-kv-scales"),
-    ("--calculate_kv_scales", "--calculate-kv-scales"),
-    ("--no-calculate-kv-scales", "--calculate-kv-scales"),
-    ("--calculate-kv", "--calculate-kv-scales"),
-    ("--served-model-name=other", "--served-model-name"),
-    ("--served_model_name", "--served-model-name"),
-    ("--port=9000", "--port"),
-    ("--host", "--host"),
-    ("--uds=/tmp/s", "--uds"),
-    ("--quantization=fp8", "--quantization"),
-    ("-q", "--quantization"),
-    ("-qfp8", "--quantization"),
-    ("-q=fp8", "--quantization"),
-    ("--quantization_config={}", "--quantization-config"),
-    ("--attention-backend=TRITON_ATTN", "--attention-backend"),
-    ("--attention-config.backend=TRITON_ATTN", "--attention-config"),
-    ("-ac.backend=TRITON_ATTN", "--attention-config"),
-    ("-a", "--attention-config"),
-    ("--hf-overrides.quantization_config.kv_cache_scheme=null", "--hf-overrides"),
-    ("--hf_config_path=/x", "--hf-config-path"),
-    ("--load-format=dummy", "--load-format"),
-    ("--download_dir", "--download-dir"),
-    ("--tokenizer=/other", "--tokenizer"),
-    ("--revision=main", "--revision"),
-    ("--tokenizer-revision", "--tokenizer-revision"),
-    ("--code-revision", "--code-revision"),
-    ("--model-loader-extra-config={}", "--model-loader-extra-config"),
-    ("--weight-transfer-config={}", "--weight-transfer-config"),
-    ("--config=/etc/vllm.yaml", "--config"),
-    ("--config-format=mistral", "--config-format"),
-    ("--kv-cache-dtype-skip-layers", "--kv-cache-dtype-skip-layers"),
-    ("--kv_cache_dtype_skip_layers=0", "--kv-cache-dtype-skip-layers"),
-    ("--kv-cache-dtype-s", "--kv-cache-dtype-skip-layers"),
-]
-# Spellings that set nothing kvcal owns.
-FREE_SPELLINGS = [
-    "--kv-cache-memory-bytes=1G",
-    "--enforce-eager",
-    "--max-num-seqs",
-    "--model-impl=vllm",
-    "--max-model-len=4096",
-    "-tp",
-    "-asc",
-    "-O3",
-    "--compilation-config.mode=0",
-]
 
 
 @pytest.mark.parametrize(("arg", "flag"), OWNED_SPELLINGS)
@@ -177,3 +119,16 @@ def test_crd_carries_the_admission_rules_built_from_the_owned_list() -> None:
         extra_args = spec["properties"]["serving"]["properties"]["canary"]["properties"]["extraArgs"]
         assert extra_args["items"]["x-kubernetes-validations"] == vllm_flags.admission_item_rules()
         assert [r["rule"] for r in extra_args["x-kubernetes-validations"]] == [vllm_flags.admission_list_rule()]
+
+
+@pytest.mark.parametrize(
+    ("args", "backend"),
+    [
+        (["vllm", "serve", "m", "--attention-backend", "FLASHINFER"], "FLASHINFER"),
+        (["--attention_backend=FLASH_ATTN", "--attention-backend", "TRITON_ATTN"], "TRITON_ATTN"),  # the last wins
+        (["--attention-backend"], None),  # no value: vLLM would refuse it, so it names no backend
+        (["--attention-config", "{}"], None),
+    ],
+)
+def test_attention_backend_reads_the_flag_as_vllm_does(args: list[str], backend: str | None) -> None:
+    assert vllm_flags.attention_backend(args) == backend

@@ -97,6 +97,18 @@ replays each call under the chart's ServiceAccount token).
 - apiGroups: ["gateway.networking.k8s.io"]
   resources: ["httproutes"]
   verbs: ["get", "patch"]
+# traffic.shadow: the route's parent Gateway, read for its class name only (can that class mirror?).
+- apiGroups: ["gateway.networking.k8s.io"]
+  resources: ["gateways"]
+  verbs: ["get"]
+{{- end }}
+{{- if .Values.rbac.inferencePool }}
+# traffic.router inference-pool: the canary's own InferencePool (created once its pods are ready, deleted with the
+# canary) and the baseline's (read: target ports, endpoint picker). Nothing else is written to a pool. The picker
+# copy is a Deployment and a Service, granted above.
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["get", "create", "delete"]
 {{- end }}
 {{- end }}
 
@@ -109,6 +121,12 @@ when told to serve one namespace). Read-only; names of namespaces and CRDs only.
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["get", "list", "watch"]
+{{- if .Values.rbac.gatewayApi }}
+# traffic.shadow: a GatewayClass's status.supportedFeatures (does it mirror?) before a mirror is written.
+- apiGroups: ["gateway.networking.k8s.io"]
+  resources: ["gatewayclasses"]
+  verbs: ["get"]
+{{- end }}
 {{- end }}
 
 {{/*

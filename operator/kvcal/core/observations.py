@@ -17,7 +17,7 @@ RETRY_ANNOTATION = "kvcal.dev/retry"
 # Calibrate anew (a terminal object never restarts by itself, not even on a spec change).
 RECALIBRATE_ANNOTATION = "kvcal.dev/recalibrate"
 GATE_ANNOTATIONS = (PROMOTE_ANNOTATION, ABORT_ANNOTATION, RETRY_ANNOTATION, RECALIBRATE_ANNOTATION)
-ChildKind = Literal["Job", "ConfigMap", "Deployment", "StatefulSet", "Service"]
+ChildKind = Literal["Job", "ConfigMap", "Deployment", "StatefulSet", "Service", "InferencePool"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,20 @@ class DeploymentState:
 
 
 @dataclass(frozen=True)
+class PoolState:
+    """Router inference-pool: the baseline's pool and picker (what the canary's copy from) and the canary's own
+    (core.rollout.pool). None where absent; `error`: what the reconciler could not read, e.g. the CRD missing."""
+
+    baseline_pool: Manifest | None = None
+    picker_service: Manifest | None = None  # the Service the baseline pool's endpointPickerRef names
+    deployments: tuple[Manifest, ...] = ()  # the namespace's Deployments: one of them is the picker behind it
+    canary_pool: Manifest | None = None
+    canary_picker: DeploymentState | None = None
+    ready_endpoints: int = 0  # Ready pods the canary pool selects now (0 without a canary pool)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class Observations:
     owner: Owner
     generation: int
@@ -72,6 +86,12 @@ class Observations:
     # The canary's share of user traffic as the router reports it (read back, never assumed); None where the router
     # has no weight to read (replicas: the replica ratio is the weight; none: no user traffic) or it was not read.
     routed_weight: int | None = None
+    # The percent of requests the route mirrors to the canary (the shadow stage), read with routed_weight.
+    routed_mirror: int | None = None
+    # The features the HTTPRoute's Gateway class lists in status.supportedFeatures (Gateway API names, e.g.
+    # HTTPRouteRequestMirror); None: not read, or no parent Gateway/class could be read.
+    gateway_features: frozenset[str] | None = None
+    inference_pool: PoolState | None = None  # router inference-pool only
     spec_error: str | None = None  # the spec failed validation: why, naming the field
     # The operator's security policy (chart values policy.*). Its calibrator image (jobImages.calibrator) is the
     # default for specs that name none: used to build the Job and recorded as provenance, never hashed (an operator
@@ -79,6 +99,14 @@ class Observations:
     policy: Policy = field(default_factory=Policy)
     serving_verification_job: JobState | None = None  # the Job named in status.serving.verification.job
     kv_cache: KVCacheReadings | None = None  # read with the measurements; None: not read (no metrics backend)
+
+    @property
+    def canary_exposure(self) -> int | None:
+        """The most live traffic the route still sends the canary, weighted or mirrored: a canary is drained only at
+        0 (a mirror filter naming a deleted Service breaks the route on some gateways)."""
+        if self.routed_weight is None:
+            return None
+        return max(self.routed_weight, self.routed_mirror or 0)
 
 
 @dataclass(frozen=True)
@@ -93,15 +121,6 @@ class Apply:
     """Create, or replace the existing object's labels and spec with these."""
 
     manifest: Manifest
-
-
-@dataclass(frozen=True)
-class Patch:
-    """JSON merge patch of an object the operator does not own (the baseline)."""
-
-    kind: ChildKind
-    name: str
-    patch: Manifest
 
 
 @dataclass(frozen=True)
@@ -120,12 +139,14 @@ class Delete:
 
 @dataclass(frozen=True)
 class SetWeight:
-    """Route `weight` percent of user traffic to the canary (the router named in the spec)."""
+    """Route `weight` percent of user traffic to the canary (the router named in the spec), and mirror `mirror`
+    percent of it there on top (the shadow stage; 0 removes the mirror)."""
 
     weight: int
+    mirror: int = 0
 
 
-Action = Create | Apply | Patch | ApplyOwnedFields | Delete | SetWeight
+Action = Create | Apply | ApplyOwnedFields | Delete | SetWeight
 
 
 @dataclass(frozen=True)

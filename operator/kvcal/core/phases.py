@@ -25,7 +25,16 @@ Handler = Callable[[Builder, KVCalibrationSpec, str], None]
 # Where the handler lives; "shared": an end either machine reaches (Failed) or the spec itself (InvalidSpec).
 Machine = Literal["artifact", "rollout", "shared"]
 # What a phase can read: the Observations fields the reconciler fills only when a phase names them.
-Observed = Literal["calibration_job", "verification_job", "baseline", "baseline_service", "canary", "routed_weight"]
+Observed = Literal[
+    "calibration_job",
+    "verification_job",
+    "baseline",
+    "baseline_service",
+    "canary",
+    "routed_weight",
+    "gateway_features",
+    "inference_pool",
+]
 # The commands (annotations kvcal.dev/<command>) and the flag that says where the operator acts on each.
 COMMAND_FLAGS = {"promote": "promotable", "abort": "abortable", "retry": "retryable", "recalibrate": "terminal"}
 
@@ -146,32 +155,34 @@ LIFECYCLE = _declare(
     PhaseDescriptor(
         # Deploying -> Analyzing when the canary of the current step is ready.
         P.DEPLOYING, "rollout", rollout.deploying,
-        _reads("canary", "baseline", "baseline_service", "routed_weight"), 15.0,
+        # gateway_features: can the Gateway mirror (the shadow stage), asked before the canary exists
+        _reads("canary", "baseline", "baseline_service", "routed_weight", "gateway_features", "inference_pool"), 15.0,
         _to(P.ANALYZING, P.FAILED, *_ABORTS),
         active=True, abortable=True, serving=True,
     ),
     PhaseDescriptor(
         # Analyzing -> Deploying when a traffic step passed and the next step needs more canary replicas.
         P.ANALYZING, "rollout", rollout.analyzing,
-        _reads("canary", "baseline", "baseline_service", "routed_weight"), 5.0,
+        _reads("canary", "baseline", "baseline_service", "routed_weight", "inference_pool"), 5.0,
         _to(P.DEPLOYING, P.PROMOTING, P.AWAITING_PROMOTION, *_ABORTS),
         active=True, abortable=True, serving=True,
     ),
     PhaseDescriptor(
         P.AWAITING_PROMOTION, "rollout", rollout.awaiting_promotion,
-        _reads("canary", "baseline", "routed_weight"), 300.0, _to(P.PROMOTING, *_ABORTS),
+        _reads("canary", "baseline", "routed_weight", "inference_pool"), 300.0, _to(P.PROMOTING, *_ABORTS),
         active=True, abortable=True, serving=True, promotable=True,
     ),
     PhaseDescriptor(
         # Once the baseline starts rolling there is no way back: promotion finishes (or fails), it never rolls back.
         # The baseline's watch events wake the operator too; the poll is the floor while it rolls out.
         P.PROMOTING, "rollout", rollout.promoting,
-        _reads("canary", "baseline", "routed_weight"), 5.0, _to(P.SUCCEEDED, P.FAILED),
+        _reads("canary", "baseline", "routed_weight", "inference_pool"), 5.0, _to(P.SUCCEEDED, P.FAILED),
     ),
     PhaseDescriptor(
         # Reached from any active phase of either machine: it stops running Jobs and drains the canary.
         P.ROLLING_BACK, "rollout", rollout.rolling_back,
-        _reads("canary", "calibration_job", "verification_job", "routed_weight"), 2.0, _to(P.ROLLED_BACK),
+        _reads("canary", "calibration_job", "verification_job", "routed_weight", "inference_pool"), 2.0,
+        _to(P.ROLLED_BACK),
     ),
     # Terminal phases never restart by themselves (a spec change only sets SpecCurrent=False): `kvcal recalibrate`
     # starts over; `kvcal retry` re-runs the analysis (RolledBack) or the whole pipeline (Failed).

@@ -25,6 +25,8 @@ IMAGE_PREFIXES_VALUE = "policy.calibratorImage.allowedPrefixes"
 VLLM_FLAGS_VALUE = "policy.vllmFlags.allowed"
 PROMETHEUS_DEFAULT_VALUE = "policy.prometheus.default"
 PROMETHEUS_ADDITIONAL_VALUE = "policy.prometheus.additional"
+# Grants the operator InferencePools (router inference-pool: a canary pool and its endpoint picker, docs/security.md).
+INFERENCE_POOL_VALUE = "rbac.inferencePool"
 # kvcal 0.1's CRD default of spec.analysis.prometheus.address, stored in every object created then: the chart's default
 # Prometheus is this address too, so those objects keep working (docs/operations.md, Upgrade).
 DEFAULT_PROMETHEUS_ADDRESS = "http://prometheus.monitoring:9090"
@@ -82,6 +84,9 @@ class Policy(Model):
     # address); no other URL is ever fetched.
     prometheus_default: PrometheusAccess = PrometheusAccess(name="default", address=DEFAULT_PROMETHEUS_ADDRESS)
     prometheus_additional: tuple[PrometheusAccess, ...] = ()
+    # router inference-pool: the chart granted InferencePools (rbac.inferencePool), so the operator may create a canary
+    # pool and copy the baseline's endpoint picker.
+    inference_pool: bool = False
 
     @field_validator("host_path_prefixes")
     @classmethod
@@ -286,4 +291,11 @@ def check(spec: KVCalibrationSpec, policy: Policy) -> list[Violation]:
     prometheus = _prometheus_violation(spec.analysis.prometheus, policy)
     if prometheus is not None:
         found.append(prometheus)
+    if spec.serving.traffic.router == "inference-pool" and not policy.inference_pool:
+        field = "spec.serving.traffic.router"
+        message = (
+            f"{field}: inference-pool is not enabled in this operator (it creates an InferencePool and a copy of the "
+            "baseline's endpoint picker); " + _allow_hint(f"{INFERENCE_POOL_VALUE}=true")
+        )
+        found.append(Violation(field, message, INFERENCE_POOL_VALUE))
     return found

@@ -6,15 +6,30 @@
   count nearest the asked weight, at least 1 and at most ``N`` (a canary never outgrows its baseline), so the
   achieved weight can differ from the asked one: with 1 baseline pod every step is 50%. ``TrafficPlan.weight`` is
   the achieved weight; ``requested_weight`` the step from the spec — the operator reports the achieved one.
+  It is the only router that puts the canary behind the baseline Service (``canary_behind_baseline_service``):
+  under the others the canary's pods leave out the Service's selector labels, so the canary gets its HTTPRoute
+  weight and nothing more (``gateway-api``), or no user traffic at all (``none``).
 - ``gateway-api``: HTTPRoute backendRef weights give the asked weight exactly; the canary gets enough pods for its
   share (``ceil(N x w / 100)``, at least 1).
+- ``inference-pool``: the same, with the weights between the baseline's InferencePool and the canary's own
+  (core.rollout.pool).
 - ``none``: analysis only; the canary (1 pod) gets no user traffic, only probes and whatever load a test sends.
+
+The shadow stage (``spec.serving.traffic.shadow``, gateway-api only) comes before the first step: weight 0, the
+route mirrors ``percent`` of its requests to the canary (Gateway API RequestMirror; the gateway drops the mirror's
+answers), so the canary is sized like a step of that weight. Not every gateway mirrors: the route's Gateway class
+says which features it supports (GatewayClass ``status.supportedFeatures``, Gateway API's conformance names), and a
+route with a filter its gateway does not support is rejected whole (Traefik v3.6 answers 404 for every request), so
+the operator asks the class before it writes a mirror, and refuses the stage when the class does not list it.
 """
 
 import math
 from dataclasses import dataclass
 
-from kvcal.models.spec import TrafficSpec
+from kvcal.models.spec import Router, ShadowSpec, TrafficSpec
+
+MIRROR_FEATURE = "HTTPRouteRequestMirror"
+PERCENTAGE_MIRROR_FEATURE = "HTTPRouteRequestPercentageMirror"
 
 
 @dataclass(frozen=True)
@@ -23,6 +38,11 @@ class TrafficPlan:
     canary_replicas: int
     baseline_replicas: int
     requested_weight: int = 0
+
+
+def canary_behind_baseline_service(router: Router) -> bool:
+    """Whether the canary's pods carry the baseline Service's selector labels (so the Service sends them requests)."""
+    return router == "replicas"
 
 
 def _step_weight(traffic: TrafficSpec, step_index: int) -> int:
@@ -51,12 +71,39 @@ def plan_step(traffic: TrafficSpec, step_index: int, baseline_replicas: int) -> 
         canary = _replicas_for(weight, baseline_replicas)
         achieved = round(100 * canary / (baseline_replicas + canary))
         return TrafficPlan(achieved, canary, baseline_replicas, requested_weight=weight)
-    if traffic.router == "gateway-api":
+    if traffic.routes:
         canary = max(1, math.ceil(baseline_replicas * weight / 100))
         return TrafficPlan(weight, canary, baseline_replicas, requested_weight=weight)
     return TrafficPlan(0, 1, baseline_replicas, requested_weight=weight)
 
 
-def backend_weights(plan: TrafficPlan) -> tuple[int, int]:
-    """(baseline, canary) HTTPRoute backendRef weights summing to 100."""
-    return 100 - plan.weight, plan.weight
+def plan_shadow(shadow: ShadowSpec, baseline_replicas: int) -> TrafficPlan:
+    """The shadow stage: no user-facing weight, and canary pods enough for the mirrored share."""
+    if baseline_replicas < 1:
+        raise ValueError(f"baseline replicas {baseline_replicas}: the baseline Deployment must run at least 1 pod")
+    canary = max(1, math.ceil(baseline_replicas * shadow.percent / 100))
+    return TrafficPlan(0, canary, baseline_replicas, requested_weight=0)
+
+
+def in_shadow_stage(traffic: TrafficSpec, step_index: int, shadowed: bool) -> bool:
+    """The run is in (or about to enter) the shadow stage: configured, not yet passed, before the first step."""
+    return traffic.shadow is not None and not shadowed and step_index == 0
+
+
+def mirror_refusal(shadow: ShadowSpec, http_route: str | None, features: frozenset[str] | None) -> str | None:
+    """Why the route's gateway cannot run the shadow stage (None: it can), naming the fix."""
+    needed = [MIRROR_FEATURE] + ([PERCENTAGE_MIRROR_FEATURE] if shadow.percent < 100 else [])
+    fix = "remove spec.serving.traffic.shadow, or serve the route from a gateway that mirrors"
+    if features is None:
+        return (
+            f"spec.serving.traffic.shadow: cannot tell whether HTTPRoute {http_route}'s gateway mirrors requests "
+            f"(no parent Gateway whose GatewayClass lists status.supportedFeatures): {fix}"
+        )
+    missing = [name for name in needed if name not in features]
+    if not missing:
+        return None
+    return (
+        f"spec.serving.traffic.shadow: HTTPRoute {http_route}'s GatewayClass does not list {', '.join(missing)} in "
+        f"status.supportedFeatures, and a gateway rejects a route with a filter it does not support: {fix}"
+        + (" (or set shadow.percent: 100)" if missing == [PERCENTAGE_MIRROR_FEATURE] else "")
+    )

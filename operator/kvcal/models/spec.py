@@ -5,10 +5,10 @@ import re
 from itertools import pairwise
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidatorFunctionWrapHandler, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from kvcal.core import vllm_flags
+from kvcal import vllm_flags
 from kvcal.models.base import Model
 
 # The CRD's patterns (OpenAPI `pattern` and CEL `matches`), one constant each.
@@ -63,15 +63,13 @@ def path_segments(location: str) -> list[str]:
     return [segment for segment in location.split("/") if segment not in ("", ".")]
 
 
-def storage_uri(value: Any, pattern: str, message: str) -> Any:
-    """The CRD's `self.matches(PATTERN)` with its message: pydantic's own would quote the regex, not the fix."""
+def storage_location(value: Any, validate: ValidatorFunctionWrapHandler, pattern: str, message: str, field: str) -> str:
+    """A storage URI field, checked in the CRD's order: `self.matches(PATTERN)` with its message (pydantic's own
+    would quote the regex, not the fix), then the field's type and bounds (`validate`), then
+    `!self.split('/').exists(s, s == '..')`: a `..` segment is refused, a name like `a..b` is not."""
     if isinstance(value, str) and re.fullmatch(pattern, value) is None:
         raise ValueError(message)
-    return value
-
-
-def no_parent_segments(location: str, field: str) -> str:
-    """The CRD's `!self.split('/').exists(s, s == '..')`: a `..` segment is refused, a name like `a..b` is not."""
+    location: str = validate(value)
     if ".." in location.split("/"):
         raise ValueError(f"{field} must not contain '..' path segments; name the path directly")
     return location
@@ -104,15 +102,10 @@ class ModelRef(SpecModel):
         ),
     )
 
-    @field_validator("source", mode="before")
+    @field_validator("source", mode="wrap")
     @classmethod
-    def _supported_scheme(cls, source: Any) -> Any:
-        return storage_uri(source, CHECKPOINT_PATTERN, MODEL_SOURCE_MESSAGE)
-
-    @field_validator("source")
-    @classmethod
-    def _no_parent_segments(cls, source: str) -> str:
-        return no_parent_segments(source, "spec.model.source")
+    def _location(cls, source: Any, validate: ValidatorFunctionWrapHandler) -> str:
+        return storage_location(source, validate, CHECKPOINT_PATTERN, MODEL_SOURCE_MESSAGE, "spec.model.source")
 
 
 class Dataset(SpecModel):
@@ -123,15 +116,11 @@ class Dataset(SpecModel):
     )
     format: Literal["chat", "text"] = "chat"
 
-    @field_validator("source", mode="before")
+    @field_validator("source", mode="wrap")
     @classmethod
-    def _supported_scheme(cls, source: Any) -> Any:
-        return storage_uri(source, DATASET_PATTERN, DATASET_SOURCE_MESSAGE)
-
-    @field_validator("source")
-    @classmethod
-    def _no_parent_segments(cls, source: str) -> str:
-        return no_parent_segments(source, "spec.calibration.dataset.source")
+    def _location(cls, source: Any, validate: ValidatorFunctionWrapHandler) -> str:
+        path = "spec.calibration.dataset.source"
+        return storage_location(source, validate, DATASET_PATTERN, DATASET_SOURCE_MESSAGE, path)
 
 
 class ResourceRequirements(SpecModel):
@@ -177,15 +166,10 @@ class CalibrationSpec(SpecModel):
             raise ValueError("spec.calibration.holdoutFraction must be in (0, 0.5], e.g. 0.1")
         return fraction
 
-    @field_validator("output", mode="before")
+    @field_validator("output", mode="wrap")
     @classmethod
-    def _supported_scheme(cls, output: Any) -> Any:
-        return storage_uri(output, CHECKPOINT_PATTERN, OUTPUT_MESSAGE)
-
-    @field_validator("output")
-    @classmethod
-    def _no_parent_segments(cls, output: str) -> str:
-        return no_parent_segments(output, "spec.calibration.output")
+    def _location(cls, output: Any, validate: ValidatorFunctionWrapHandler) -> str:
+        return storage_location(output, validate, CHECKPOINT_PATTERN, OUTPUT_MESSAGE, "spec.calibration.output")
 
 
 # The workload kinds a baseline may be (core.manifests.workload maps each to its API group and rollout fields).
@@ -257,12 +241,36 @@ class CanarySpec(SpecModel):
         return args
 
 
+Router = Literal["replicas", "gateway-api", "inference-pool", "none"]
+# The routers that set weights on an HTTPRoute (spec.serving.traffic.httpRoute), read them back and drain through it.
+ROUTE_ROUTERS: frozenset[Router] = frozenset({"gateway-api", "inference-pool"})
+
+
+# One message for the schema's CEL rule and the model (a Gateway API RequestMirror needs an HTTPRoute to carry it).
+SHADOW_NEEDS_GATEWAY = (
+    "spec.serving.traffic.shadow mirrors requests with the HTTPRoute's RequestMirror filter: it needs "
+    "router: gateway-api (remove shadow, or route through an HTTPRoute)"
+)
+
+
+class ShadowSpec(SpecModel):
+    """A first stage before any weight moves: the HTTPRoute mirrors ``percent`` of live requests to the canary
+    (Gateway API RequestMirror; users only ever see the baseline's answers) for ``intervals`` passing analysis
+    intervals."""
+
+    percent: int = Field(default=100, ge=1, le=100)
+    intervals: int = Field(default=3, ge=1, le=50)
+
+
 class TrafficSpec(SpecModel):
-    router: Literal["replicas", "gateway-api", "none"] = "replicas"
+    router: Router = "replicas"
     steps: list[int] = Field(default=[10, 50], min_length=1, max_length=10)
     http_route: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    # router inference-pool: the baseline's InferencePool, a backendRef of the HTTPRoute (core.rollout.pool).
+    inference_pool: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
     # After the router reports 0% on the canary, how long in-flight requests get before the canary is deleted.
     drain_delay: str = Field(default="30s", min_length=2, max_length=16, pattern=DURATION_PATTERN)
+    shadow: ShadowSpec | None = None  # off by default
 
     @field_validator("steps")
     @classmethod
@@ -275,9 +283,21 @@ class TrafficSpec(SpecModel):
 
     @model_validator(mode="after")
     def _route_for_gateway(self) -> "TrafficSpec":
-        if self.router == "gateway-api" and self.http_route is None:
-            raise ValueError("spec.serving.traffic.httpRoute is required when router is gateway-api")
+        if self.router in ROUTE_ROUTERS and self.http_route is None:
+            raise ValueError(f"spec.serving.traffic.httpRoute is required when router is {self.router}")
+        if (self.inference_pool is not None) != (self.router == "inference-pool"):
+            raise ValueError(
+                "spec.serving.traffic.inferencePool is required when router is inference-pool (name the baseline's "
+                "InferencePool), and only then"
+            )
+        if self.shadow is not None and self.router != "gateway-api":
+            raise ValueError(SHADOW_NEEDS_GATEWAY)
         return self
+
+    @property
+    def routes(self) -> bool:
+        """Weights are set on (and read back from) the HTTPRoute."""
+        return self.router in ROUTE_ROUTERS
 
     @property
     def drain_delay_seconds(self) -> float:

@@ -54,6 +54,8 @@ class Condition(Model):
 
 
 class ClipStats(Model):
+    """Share of K and V values clipped by FP8 scales (the calibrator's report and status.calibration)."""
+
     k: float
     v: float
 
@@ -140,6 +142,10 @@ class CanaryStatus(Model):
     ready_replicas: int = 0
     # When the router was first seen at 0% on the canary on its way out (rollback, promotion, delete).
     draining_since: str | None = None
+    # The shadow stage (spec.serving.traffic.shadow): the percent of live requests mirrored to the canary now, and
+    # whether the stage has passed (then the weighted steps run).
+    mirror: int = Field(default=0, ge=0, le=100)
+    shadowed: bool = False
 
 
 class Measurement(Model):

@@ -14,11 +14,13 @@ Webhook notifications (services.notifier) follow status the same way: the delive
 pass's status write, and what the written status still calls for is handed to the sender after it.
 """
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cached_property
 
 from pydantic import ValidationError
 
@@ -27,10 +29,11 @@ from kvcal.core.capacity import KVCacheReadings
 from kvcal.core.conditions import get_condition, set_condition
 from kvcal.core.decide import decide, measurement_due
 from kvcal.core.deletion import decide_deletion
-from kvcal.core.endpoints import probe_urls
+from kvcal.core.endpoints import canary_pod_labels, pod_ready, probe_urls
 from kvcal.core.events import history_event, history_event_name
 from kvcal.core.manifests import FIELD_MANAGER, Owner, calibration_job_name, canary_name, verification_job_name
 from kvcal.core.manifests.common import LABEL_CALIBRATION, LABEL_MANAGED_BY, MANAGED_BY, label_value
+from kvcal.core.manifests.pool import canary_picker_name, canary_pool_name, picker_service_name
 from kvcal.core.observations import (
     GATE_ANNOTATIONS,
     Apply,
@@ -42,11 +45,12 @@ from kvcal.core.observations import (
     DeploymentState,
     JobState,
     Observations,
-    Patch,
+    PoolState,
     SetWeight,
 )
 from kvcal.core.phases import LIFECYCLE
 from kvcal.core.policy import Policy
+from kvcal.core.problems import NeedsFix
 from kvcal.core.ranktest import step_window_seconds
 from kvcal.core.rollout.reverts import is_reverted
 from kvcal.core.spechash import effective_spec_hash
@@ -55,7 +59,7 @@ from kvcal.metrics import OperatorMetrics
 from kvcal.models.errors import describe
 from kvcal.models.spec import KVCalibrationSpec, WorkloadKind
 from kvcal.models.status import ConditionType, KVCalibrationStatus, Measurement, Phase
-from kvcal.ports import AnalysisBackends, Conflict, Kube, Manifest, Target
+from kvcal.ports import AnalysisBackends, Conflict, Kube, Manifest, MetricsSource, Probes, Router, Target
 from kvcal.services.failures import describe_failure
 from kvcal.services.notifier import Notifier
 
@@ -73,6 +77,27 @@ class Cleanup:
 
     removed: list[str] = field(default_factory=list)
     retry_after: float | None = None
+
+
+@dataclass(frozen=True)
+class PassAdapters:
+    """The analysis adapters of one pass for one KVCalibration: each built at most once, and only if the pass uses
+    it (building one may read the cluster: the probes read their ConfigMaps)."""
+
+    target: Target
+    backends: AnalysisBackends | None
+
+    @cached_property
+    def metrics_source(self) -> MetricsSource | None:
+        return self.backends.metrics_source(self.target) if self.backends else None
+
+    @cached_property
+    def probes(self) -> Probes | None:
+        return self.backends.probes(self.target) if self.backends else None
+
+    @cached_property
+    def router(self) -> Router | None:
+        return self.backends.router(self.target) if self.backends else None
 
 
 def parse_spec(obj: Manifest) -> tuple[KVCalibrationSpec | None, str | None]:
@@ -222,12 +247,12 @@ class Reconciler:
         spec, spec_error = parse_spec(obj)
         status = parse_status(obj)
         owner = Owner(name, namespace, obj["metadata"]["uid"])
-        obs = self.observe(obj, owner, spec, spec_error, status, now)
+        adapters = self.adapters(owner, spec) if spec else None
+        obs = self.observe(obj, owner, spec, spec_error, status, now, adapters)
         decision = decide(spec, status, obs, now, on_unexpected="block")
         if decision.unexpected is not None:
             log.error("%s/%s: blocked by an unexpected error", namespace, name, exc_info=decision.unexpected)
-        target = self._target(owner, spec) if spec else None
-        self.act(owner, decision, target)
+        self.act(owner, decision, adapters)
         new_status = _recovered(decision.status, now, obs.generation)
         if self.notifier:  # the deliveries it confirmed go into this write (module docstring)
             new_status = self.notifier.record(owner, new_status)
@@ -291,13 +316,14 @@ class Reconciler:
         spec_error: str | None,
         status: KVCalibrationStatus,
         now: datetime,
+        adapters: PassAdapters | None,
     ) -> Observations:
         meta = obj["metadata"]
         annotations: Mapping[str, str] = meta.get("annotations") or {}
         gates = {k: v for k, v in annotations.items() if k in GATE_ANNOTATIONS and v}
         generation = int(meta.get("generation", 1))
         base = Observations(owner, generation, gates=gates, spec_error=spec_error, policy=self.policy)
-        if spec is None:
+        if spec is None or adapters is None:
             return base
         current_hash = effective_spec_hash(spec, status.calibration.spec_hash, self.policy.calibrator_image)
         ns, needs = owner.namespace, LIFECYCLE.observes(status.phase)
@@ -306,13 +332,15 @@ class Reconciler:
         def message(job: str) -> str | None:
             return self.kube.termination_message(ns, job) if read_messages else None
 
-        def job(field: str, name: str) -> JobState | None:
-            return job_state(self.kube.get("Job", ns, name), message) if field in needs else None
+        def job(observation: str, name: str) -> JobState | None:
+            return job_state(self.kube.get("Job", ns, name), message) if observation in needs else None
 
         baseline = spec.serving.baseline
 
-        def workload(field: str, name: str) -> DeploymentState | None:  # the canary has the baseline's kind
-            return workload_state(baseline.kind, self.kube.get(baseline.kind, ns, name)) if field in needs else None
+        def workload(observation: str, name: str) -> DeploymentState | None:  # the canary has the baseline's kind
+            if observation not in needs:
+                return None
+            return workload_state(baseline.kind, self.kube.get(baseline.kind, ns, name))
 
         serving_job_name = status.serving.verification.job if status.phase == Phase.SUCCEEDED else None
         serving_job = (
@@ -320,6 +348,7 @@ class Reconciler:
             if serving_job_name
             else None
         )
+        routed_weight, routed_mirror = self.routing(adapters) if "routed_weight" in needs else (None, None)
         obs = Observations(
             owner=owner,
             generation=base.generation,
@@ -330,43 +359,74 @@ class Reconciler:
             baseline=workload("baseline", baseline.deployment),
             baseline_service=self.kube.get("Service", ns, baseline.service) if "baseline_service" in needs else None,
             policy=self.policy,
-            routed_weight=self.routed_weight(owner, spec) if "routed_weight" in needs else None,
+            routed_weight=routed_weight,
+            routed_mirror=routed_mirror,
+            gateway_features=self.gateway_features(adapters) if "gateway_features" in needs else None,
+            inference_pool=self.pool_state(owner, spec) if "inference_pool" in needs else None,
             serving_verification_job=serving_job,
         )
         if measurement_due(spec.analysis, status, now):
-            target = self._target(owner, spec)
             step_seconds = step_window_seconds(spec.analysis, status.analysis, now)
-            measurements = tuple(self.measure(target, now, step_seconds))
-            obs = Observations(**{**obs.__dict__, "measurements": measurements, "kv_cache": self.kv_cache(target)})
+            measurements = tuple(self.measure(adapters, now, step_seconds))
+            obs = Observations(**{**obs.__dict__, "measurements": measurements, "kv_cache": self.kv_cache(adapters)})
         return obs
 
-    def routed_weight(self, owner: Owner, spec: KVCalibrationSpec) -> int | None:
-        router = self.backends.router(self._target(owner, spec)) if self.backends else None
-        return None if router is None else router.get_weight(self._target(owner, spec))
+    def routing(self, adapters: PassAdapters) -> tuple[int | None, int | None]:
+        """The canary's weight and mirrored percent as the router reads them back."""
+        router = adapters.router
+        return (
+            (None, None) if router is None else (router.get_weight(adapters.target), router.get_mirror(adapters.target))
+        )
 
-    def _target(self, owner: Owner, spec: KVCalibrationSpec) -> Target:
+    def pool_state(self, owner: Owner, spec: KVCalibrationSpec) -> PoolState | None:
+        """Router inference-pool (where the chart allows it): the baseline's pool and the Service of its endpoint
+        picker (with the namespace's Deployments, to find the picker, until the canary's copy exists), and the
+        canary's pool, picker and ready endpoints (core.rollout.pool)."""
+        traffic, ns = spec.serving.traffic, owner.namespace
+        if traffic.router != "inference-pool" or traffic.inference_pool is None or not self.policy.inference_pool:
+            return None
+        baseline_pool = self.kube.get("InferencePool", ns, traffic.inference_pool)
+        picker_service: Manifest | None = None
+        if baseline_pool is not None:
+            with contextlib.suppress(NeedsFix):  # decide() says why the picker cannot be copied
+                picker_service = self.kube.get("Service", ns, picker_service_name(baseline_pool))
+        canary_pool = self.kube.get("InferencePool", ns, canary_pool_name(owner.name))
+        picker = workload_state("Deployment", self.kube.get("Deployment", ns, canary_picker_name(owner.name)))
+        need_deployments = picker is None and picker_service is not None
+        deployments = tuple(self.kube.list("Deployment", ns, {})) if need_deployments else ()
+        selector = ((canary_pool or {}).get("spec", {}).get("selector") or {}).get("matchLabels") or {}
+        ready = sum(1 for pod in self.kube.list("Pod", ns, selector) if pod_ready(pod)) if selector else 0
+        return PoolState(baseline_pool, picker_service, deployments, canary_pool, picker, ready)
+
+    def gateway_features(self, adapters: PassAdapters) -> frozenset[str] | None:
+        """Read only for a shadow stage: a run without one needs no Gateway or GatewayClass access."""
+        router = adapters.router if adapters.target.spec.serving.traffic.shadow is not None else None
+        return None if router is None else router.gateway_features(adapters.target)
+
+    def adapters(self, owner: Owner, spec: KVCalibrationSpec) -> PassAdapters:
+        """What one pass reaches the analysis backends through (for `spec`'s canary)."""
         canary = canary_name(owner.name)
-        return Target(
+        target = Target(
             namespace=owner.namespace,
             name=owner.name,
             spec=spec,
             canary_deployment=canary,
             canary_service=canary,
         )
+        return PassAdapters(target, self.backends)
 
-    def measure(self, target: Target, now: datetime, step_seconds: float | None = None) -> list[Measurement]:
-        """Metrics and probes of one interval; an adapter that raises yields an Error measurement, never a pass."""
-        if self.backends is None:
-            return []
+    def measure(self, adapters: PassAdapters, now: datetime, step_seconds: float | None = None) -> list[Measurement]:
+        """One interval's measurements and probes; an adapter that raises yields an Error measurement, never a pass."""
+        target = adapters.target
         analysis = target.spec.analysis
         out: list[Measurement] = []
-        metrics = self.backends.metrics(target)
-        if metrics is not None:
+        source = adapters.metrics_source
+        if source is not None:
             try:
-                out += metrics.measure(analysis, analysis.interval_seconds, step_seconds)
+                out += source.measure(analysis, analysis.interval_seconds, step_seconds)
             except Exception as e:
                 out.append(error_measurement("prometheus", f"{type(e).__name__}: {e}", at=rfc3339(now)))
-        probes = self.backends.probes(target)
+        probes = adapters.probes
         if probes is not None:
             try:
                 baseline_url, canary_url = self.probe_urls(target)
@@ -375,13 +435,13 @@ class Reconciler:
                 out.append(error_measurement("probes", f"{type(e).__name__}: {e}", at=rfc3339(now)))
         return out
 
-    def kv_cache(self, target: Target) -> KVCacheReadings | None:
+    def kv_cache(self, adapters: PassAdapters) -> KVCacheReadings | None:
         """The KV cache each role reports (core.capacity); None without a metrics backend."""
-        metrics = self.backends.metrics(target) if self.backends else None
-        if metrics is None:
+        source = adapters.metrics_source
+        if source is None:
             return None
         try:
-            return metrics.kv_cache(target.spec.analysis)
+            return source.kv_cache(adapters.target.spec.analysis)
         except Exception as e:
             return KVCacheReadings(error=f"{type(e).__name__}: {e}")
 
@@ -390,10 +450,13 @@ class Reconciler:
         ns, baseline = target.namespace, target.spec.serving.baseline
         workload = self.kube.get(baseline.kind, ns, baseline.deployment)
         selector = ((workload or {}).get("spec", {}).get("selector") or {}).get("matchLabels") or {}
-        pods = self.kube.list("Pod", ns, selector) if workload else []
+        pods: list[Manifest] = []
+        if workload:  # the canary's pods may not carry the baseline's labels (core.manifests.canary)
+            listed = [*self.kube.list("Pod", ns, selector), *self.kube.list("Pod", ns, canary_pod_labels(target.name))]
+            pods = list({p["metadata"]["name"]: p for p in listed}.values())
         return probe_urls(target.name, pods, workload, self.kube.get("Service", ns, baseline.service))
 
-    def act(self, owner: Owner, decision: Decision, target: Target | None) -> None:
+    def act(self, owner: Owner, decision: Decision, adapters: PassAdapters | None) -> None:
         ns = owner.namespace
         for action in decision.actions:
             match action:
@@ -401,16 +464,14 @@ class Reconciler:
                     self.kube.create(m)
                 case Apply(manifest=m):
                     self.kube.apply(m)
-                case Patch(kind=kind, name=name, patch=patch):
-                    self.kube.patch(kind, ns, name, patch)
                 case ApplyOwnedFields(manifest=m):
                     self.kube.apply_owned_fields(m, FIELD_MANAGER)
                 case Delete(kind=kind, name=name):
                     self.kube.delete(kind, ns, name)
-                case SetWeight(weight=weight):
-                    router = self.backends.router(target) if self.backends and target else None
-                    if router is not None and target is not None:
-                        router.set_weight(target, weight)
+                case SetWeight(weight=weight, mirror=mirror):
+                    router = adapters.router if adapters else None
+                    if router is not None and adapters is not None:
+                        router.set_weight(adapters.target, weight, mirror)
 
     def cleanup(self, namespace: str, name: str) -> Cleanup:
         """On delete: take the canary out of traffic (core.deletion; the drain state goes to status, so a restart
@@ -447,13 +508,15 @@ class Reconciler:
         spec, _ = parse_spec(obj)
         status = parse_status(obj)
         owner = Owner(meta["name"], meta["namespace"], meta["uid"])
-        obs = Observations(owner=owner, generation=int(meta.get("generation", 1)))
-        if spec is not None:
+        obs = Observations(owner=owner, generation=int(meta.get("generation", 1)), policy=self.policy)
+        adapters = self.adapters(owner, spec) if spec else None
+        if spec is not None and adapters is not None:
             kind = spec.serving.baseline.kind
             canary = workload_state(kind, self.kube.get(kind, owner.namespace, canary_name(owner.name)))
-            obs = Observations(**{**obs.__dict__, "canary": canary, "routed_weight": self.routed_weight(owner, spec)})
+            weight, mirror = self.routing(adapters)
+            obs = Observations(**{**obs.__dict__, "canary": canary, "routed_weight": weight, "routed_mirror": mirror})
         decision = decide_deletion(spec, status, obs, now)
-        self.act(owner, decision, self._target(owner, spec) if spec else None)
+        self.act(owner, decision, adapters)
         if decision.requeue_after is not None and decision.status != status:  # the drain resumes from status
             self.kube.replace_status(owner.namespace, owner.name, meta["resourceVersion"], decision.status.to_wire())
         return decision.requeue_after

@@ -4,28 +4,28 @@ the baseline).
 The canary is the baseline's pod template with one change: the vLLM container serves the calibrated checkpoint with
 FP8 KV. Image, resources, volumes, probes, tensor-parallel flags stay the same, so the comparison measures the KV
 cache change and nothing else. The served model name is pinned to the baseline's, so clients behind the shared
-Service see one model.
+Service see one model. Its pods carry the baseline's labels only under `router: replicas` (the Service splits by pod
+count); under the other routers they leave out the baseline Service's selector keys (labels_kept_off_canary).
 """
 
 import copy
-from typing import Any
 
-from kvcal.core import vllm_flags
+from kvcal import vllm_flags
+from kvcal.core.endpoints import canary_pod_labels
 from kvcal.core.manifests.common import (
-    LABEL_CALIBRATION,
     LABEL_ROLE,
     Manifest,
     Owner,
     canary_name,
     container_security_context,
-    label_value,
     metadata,
     volumes_and_mounts,
 )
 from kvcal.core.manifests.jobs import checkpoint_location
 from kvcal.core.manifests.workload import API_VERSION, canary_workload_fields
 from kvcal.core.protected import skip_layer_args
-from kvcal.models.spec import KVCalibrationSpec
+from kvcal.core.traffic import canary_behind_baseline_service
+from kvcal.models.spec import KVCalibrationSpec, Router
 
 PROMOTED_ANNOTATION = "kvcal.dev/promoted-from"
 CHECKPOINT_ANNOTATION = "kvcal.dev/checkpoint"
@@ -127,17 +127,53 @@ def _harden(pod: Manifest, index: int) -> None:
 
 
 def canary_selector_labels(owner: Owner) -> dict[str, str]:
-    return {LABEL_ROLE: "canary", LABEL_CALIBRATION: label_value(owner.name)}
+    return canary_pod_labels(owner.name)
 
 
-def build_canary_workload(owner: Owner, spec: KVCalibrationSpec, baseline: Manifest, replicas: int) -> Manifest:
+def labels_kept_off_canary(
+    router: Router, baseline_service: Manifest | None, baseline_pool_keys: frozenset[str] = frozenset()
+) -> frozenset[str]:
+    """The baseline pod labels the canary's pods leave out: none under `replicas` (the baseline Service's selector
+    must match them: traffic splits by pod count), else the baseline Service's selector keys, so that the Service
+    never sends the canary a request (core.traffic.canary_behind_baseline_service), and under `inference-pool` the
+    baseline InferencePool's matchLabels keys too (`baseline_pool_keys`), so that the baseline pool never picks a
+    canary pod. kvcal's own labels stay."""
+    if canary_behind_baseline_service(router):
+        return frozenset()
+    if baseline_service is None:
+        raise ValueError("the baseline Service is needed to keep its selector off the canary's pods")
+    return frozenset((baseline_service.get("spec") or {}).get("selector") or {}) | baseline_pool_keys
+
+
+def _selector_without(selector: Manifest, dropped: frozenset[str]) -> Manifest:
+    out: Manifest = copy.deepcopy(selector)
+    out["matchLabels"] = {k: v for k, v in (out.get("matchLabels") or {}).items() if k not in dropped}
+    expressions = [e for e in out.get("matchExpressions") or [] if e.get("key") not in dropped]
+    if expressions:
+        out["matchExpressions"] = expressions
+    else:
+        out.pop("matchExpressions", None)
+    return out
+
+
+def build_canary_workload(
+    owner: Owner,
+    spec: KVCalibrationSpec,
+    baseline: Manifest,
+    replicas: int,
+    baseline_service: Manifest | None = None,
+    baseline_pool_keys: frozenset[str] = frozenset(),
+) -> Manifest:
     """The baseline's pod template serving the calibrated checkpoint, in a workload of the baseline's kind; pods keep
-    the baseline's labels (so the baseline Service's selector still matches them: traffic splits by replica ratio)
-    plus role=canary."""
+    the baseline's labels plus role=canary, but for the baseline Service's (and InferencePool's) selector keys under
+    every router but `replicas` (labels_kept_off_canary): only `replicas` splits traffic through the baseline
+    Service."""
     template = baseline["spec"]["template"]
-    selector: dict[str, Any] = copy.deepcopy(baseline["spec"]["selector"])
-    selector["matchLabels"] = {**selector.get("matchLabels", {}), **canary_selector_labels(owner)}
-    pod_labels = {**template.get("metadata", {}).get("labels", {}), **canary_selector_labels(owner)}
+    dropped = labels_kept_off_canary(spec.serving.traffic.router, baseline_service, baseline_pool_keys)
+    selector = _selector_without(baseline["spec"]["selector"], dropped)
+    selector["matchLabels"] = {**selector["matchLabels"], **canary_selector_labels(owner)}
+    baseline_labels = template.get("metadata", {}).get("labels", {})
+    pod_labels = {**{k: v for k, v in baseline_labels.items() if k not in dropped}, **canary_selector_labels(owner)}
     pod_meta: Manifest = {"labels": pod_labels}
     if template.get("metadata", {}).get("annotations"):
         pod_meta["annotations"] = dict(template["metadata"]["annotations"])
@@ -155,18 +191,32 @@ def build_canary_workload(owner: Owner, spec: KVCalibrationSpec, baseline: Manif
     }
 
 
+def keep_existing_selector(canary: Manifest, existing: Manifest) -> Manifest:
+    """`canary` with the selector and pod labels of the canary already running: a workload's selector is immutable,
+    so a canary created by an older kvcal (whose pods kept every baseline label) keeps its labels until it is
+    re-created (the next calibration run), instead of failing every apply."""
+    old_selector = (existing.get("spec") or {}).get("selector")
+    if not old_selector or old_selector == canary["spec"]["selector"]:
+        return canary
+    out = copy.deepcopy(canary)
+    out["spec"]["selector"] = copy.deepcopy(old_selector)
+    old_labels = (((existing["spec"].get("template") or {}).get("metadata") or {}).get("labels")) or {}
+    out["spec"]["template"]["metadata"]["labels"] = dict(old_labels)
+    return out
+
+
 def build_canary_service(owner: Owner, baseline_service: Manifest) -> Manifest:
-    """A Service selecting only the canary pods: the target of quality probes and of Gateway API backendRefs."""
+    """A Service selecting only the canary pods (by kvcal's labels, which every router's canary carries): the target
+    of Gateway API backendRefs."""
     ports = [
         {k: p[k] for k in ("name", "port", "targetPort", "protocol", "appProtocol") if k in p}
         for p in baseline_service["spec"].get("ports", [])
     ]
-    selector = {**baseline_service["spec"].get("selector", {}), **canary_selector_labels(owner)}
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": metadata(owner, canary_name(owner.name), "canary", {LABEL_ROLE: "canary"}),
-        "spec": {"type": "ClusterIP", "selector": selector, "ports": ports},
+        "spec": {"type": "ClusterIP", "selector": canary_selector_labels(owner), "ports": ports},
     }
 
 

@@ -5,14 +5,16 @@ from kvcal.core.draft import Builder
 from kvcal.core.drain import drain_step
 from kvcal.core.manifests import canary_name
 from kvcal.core.observations import Delete, SetWeight
+from kvcal.core.rollout.pool import pool_deletes
 from kvcal.models.spec import KVCalibrationSpec
 
 
-def canary_deletes(draft: Builder) -> tuple[Delete, Delete]:
-    """The canary workload (of the baseline's kind; a Deployment when the spec cannot be read) and its Service."""
+def canary_deletes(draft: Builder) -> tuple[Delete, ...]:
+    """The canary workload (of the baseline's kind; a Deployment when the spec cannot be read) and its Service; with
+    router inference-pool, its pool and endpoint picker first (the route no longer names the pool by then)."""
     name = canary_name(draft.obs.owner.name)
     kind = draft.spec.serving.baseline.kind if draft.spec is not None else "Deployment"
-    return Delete(kind, name), Delete("Service", name)
+    return *pool_deletes(draft), Delete(kind, name), Delete("Service", name)
 
 
 def remove_children(draft: Builder, *, include_jobs: bool) -> None:
@@ -27,15 +29,16 @@ def remove_children(draft: Builder, *, include_jobs: bool) -> None:
 
 def remove_canary(draft: Builder, spec: KVCalibrationSpec) -> bool:
     """Route 100% to the baseline, read it back, drain, then delete the canary (see core.drain); True once deleting."""
-    draft.do(SetWeight(0))
-    routed = draft.obs.routed_weight
+    draft.do(SetWeight(0))  # and no mirror: a mirror naming a deleted Service breaks the route on some gateways
+    obs, canary = draft.obs, draft.status.canary
     drain = drain_step(
-        spec.serving.traffic, routed, draft.status.canary.draining_since, draft.obs.canary is not None, draft.now
+        spec.serving.traffic, obs.canary_exposure, canary.draining_since, obs.canary is not None, draft.now
     )
-    weight = routed if routed is not None else (0 if drain.done else draft.status.canary.weight)
-    draft.update(
-        canary=draft.status.canary.model_copy(update={"weight": weight, "draining_since": drain.draining_since})
-    )
+    # What the route reports; unread (replicas, none): 0 once drained, else what was last set.
+    weight = obs.routed_weight if obs.routed_weight is not None else (0 if drain.done else canary.weight)
+    mirror = obs.routed_mirror if obs.routed_mirror is not None else (0 if drain.done else canary.mirror)
+    update = {"weight": weight, "mirror": mirror, "draining_since": drain.draining_since}
+    draft.update(canary=canary.model_copy(update=update))
     if not drain.done:
         draft.wait(drain.message, drain.wait_seconds)
         return False

@@ -14,14 +14,23 @@ from kvcal.core.manifests import (
     canary_name,
     is_promoted,
 )
+from kvcal.core.manifests.canary import keep_existing_selector
 from kvcal.core.manifests.workload import SHORT_NAMES
 from kvcal.core.observations import PROMOTE_ANNOTATION, Apply, ApplyOwnedFields, Delete, SetWeight
 from kvcal.core.policy import extra_args_violations
 from kvcal.core.rollout.canary import remove_canary
+from kvcal.core.rollout.pool import (
+    baseline_pool_state,
+    bring_up_pool,
+    not_serving,
+    pool_selector_keys,
+    uses_pools,
+)
+from kvcal.core.share import with_share
 from kvcal.core.timestamps import parse_rfc3339, rfc3339
-from kvcal.core.traffic import plan_step
+from kvcal.core.traffic import canary_behind_baseline_service, in_shadow_stage, mirror_refusal, plan_shadow, plan_step
 from kvcal.models.spec import AnalysisSpec, KVCalibrationSpec
-from kvcal.models.status import AnalysisStatus, CanaryStatus, Phase
+from kvcal.models.status import AnalysisStatus, Phase
 
 
 def next_measurement_at(spec: AnalysisSpec, status: AnalysisStatus) -> datetime | None:
@@ -42,34 +51,68 @@ def deploying(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> Non
         draft.wait(no_baseline(spec), 30.0)
         return
     step = draft.status.canary.step_index
-    plan = plan_step(spec.serving.traffic, step, baseline.replicas)
+    traffic, shadow = spec.serving.traffic, spec.serving.traffic.shadow
+    shadowing = shadow is not None and in_shadow_stage(traffic, step, draft.status.canary.shadowed)
+    if shadow is not None and shadowing:
+        refusal = mirror_refusal(shadow, traffic.http_route, draft.obs.gateway_features)
+        if refusal is not None:  # asked before any mirror is written: a rejected route would fail every request
+            draft.condition("CanaryReady", "False", "MirrorUnsupported", refusal)
+            blocked(draft, "MirrorUnsupported", refusal, 30.0)
+            return
+        plan = plan_shadow(shadow, baseline.replicas)
+    else:
+        plan = plan_step(traffic, step, baseline.replicas)
+    mirror = shadow.percent if shadow is not None and shadowing else 0
     name = canary_name(draft.obs.owner.name)
     canary = draft.obs.canary
+    service = draft.obs.baseline_service
+    if service is None and not canary_behind_baseline_service(spec.serving.traffic.router):
+        missing = (
+            f"the baseline Service {spec.serving.baseline.service} was not found: the canary's pods must leave out "
+            "its selector labels (spec.serving.baseline.service)"
+        )
+        draft.condition("CanaryReady", "False", "BaselineServiceNotFound", missing)
+        draft.wait(missing, 30.0)
+        return
+    # inference-pool: the baseline pool must exist first; the canary's pods leave out its selector keys too.
+    pool_keys = pool_selector_keys(baseline_pool_state(draft, spec)[1]) if uses_pools(spec) else frozenset()
     if canary is None or canary.replicas != plan.canary_replicas:
-        draft.do(Apply(build_canary_workload(draft.obs.owner, spec, baseline.manifest, plan.canary_replicas)))
-        if draft.obs.baseline_service is not None:
-            draft.do(Apply(build_canary_service(draft.obs.owner, draft.obs.baseline_service)))
+        workload = build_canary_workload(
+            draft.obs.owner, spec, baseline.manifest, plan.canary_replicas, service, pool_keys
+        )
+        draft.do(Apply(keep_existing_selector(workload, canary.manifest) if canary is not None else workload))
+        if service is not None:
+            draft.do(Apply(build_canary_service(draft.obs.owner, service)))
     ready = canary.ready_replicas if canary is not None else 0
+    # A copy: the shadow stage's fields (mirror, shadowed) must survive the step's resizing passes.
     draft.update(
-        canary=CanaryStatus(deployment=name, weight=draft.status.canary.weight, step_index=step, ready_replicas=ready)
+        canary=draft.status.canary.model_copy(
+            update={"deployment": name, "step_index": step, "ready_replicas": ready, "draining_since": None}
+        )
     )
     if canary is not None and canary.progress_deadline_exceeded:
         draft.condition("CanaryReady", "False", "ProgressDeadlineExceeded", f"canary {name} did not become ready")
         draft.move(Phase.ROLLING_BACK, "CanaryNotReady", f"canary {name} did not become ready: rolling back")
         rolling_back(draft, spec, current_hash)
         return
+    stage = "shadow" if mirror else f"step {step + 1}/{len(traffic.steps)}"
     if canary is None or canary.replicas != plan.canary_replicas or ready < plan.canary_replicas:
         draft.condition("CanaryReady", "False", "Progressing", f"{ready}/{plan.canary_replicas} canary replicas ready")
-        draft.wait(
-            f"step {step + 1}/{len(spec.serving.traffic.steps)}: {ready}/{plan.canary_replicas} canary pods ready"
-        )
+        draft.wait(f"{stage}: {ready}/{plan.canary_replicas} canary pods ready")
         return
-    draft.do(SetWeight(plan.weight))
+    if uses_pools(spec) and not bring_up_pool(draft, spec):
+        return  # the canary pool takes weight only with ready endpoints and a ready picker
+    draft.do(SetWeight(plan.weight, mirror=mirror))
     draft.update(
-        canary=draft.status.canary.model_copy(update={"weight": plan.weight}),
+        canary=draft.status.canary.model_copy(update={"weight": plan.weight, "mirror": mirror}),
         analysis=AnalysisStatus(started_at=rfc3339(draft.now), measurements=draft.status.analysis.measurements),
     )
-    message = f"step {step + 1}/{len(spec.serving.traffic.steps)}: {ready} canary pods ready, weight {plan.weight}%"
+    exposure = (
+        f"mirroring {mirror}% of requests to it (users see only the baseline's answers)"
+        if mirror
+        else f"weight {plan.weight}%"
+    )
+    message = f"{stage}: {ready} canary pods ready, {exposure}"
     draft.condition("CanaryReady", "True", "Ready", message)
     draft.condition("AnalysisPassed", "Unknown", "Running", "analysis running")
     draft.move(Phase.ANALYZING, "CanaryReady", message)
@@ -83,13 +126,29 @@ def analyzing(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> Non
         draft.move(Phase.DEPLOYING, "CanaryMissing", f"{gone}: re-creating it")
         return
     draft.update(canary=draft.status.canary.model_copy(update={"ready_replicas": canary.ready_replicas}))
+    if uses_pools(spec) and _pool_lost(draft, spec):
+        return
     at, readings = rfc3339(draft.now), draft.obs.kv_cache
     measured = with_capacity(spec.analysis.capacity, readings, list(draft.obs.measurements), at)
+    # The share check only on a window counted entirely at this step's weight (started_at: when it was set).
+    started = draft.status.analysis.started_at
+    window = timedelta(seconds=spec.analysis.interval_seconds)
+    at_weight = started is not None and draft.now - parse_rfc3339(started) >= window
+    weight, router = draft.status.canary.weight, spec.serving.traffic.router
+    measured = with_share(measured, weight, router, at, window_within_step=at_weight)
     # Recorded with an assessed interval only: a pass with nothing new writes no status (no self-triggered loop).
     capacity = capacity_status(readings, at) if readings and measured else None
     if capacity is not None:
         draft.update(capacity=capacity)
-    verdict = assess_run(spec.analysis, draft.status.analysis, measured, draft.now)
+    shadow = spec.serving.traffic.shadow
+    shadowing = shadow is not None and draft.status.canary.mirror > 0
+    # The shadow stage passes on its own count of intervals; the verdict's rules are the steps'.
+    analysis = (
+        spec.analysis.model_copy(update={"successful_intervals": shadow.intervals})
+        if shadow is not None and shadowing
+        else spec.analysis
+    )
+    verdict = assess_run(analysis, draft.status.analysis, measured, draft.now)
     draft.update(analysis=verdict.status)
     if verdict.outcome == "Failed":
         draft.condition("AnalysisPassed", "False", "AnalysisFailed", verdict.reason)
@@ -101,6 +160,14 @@ def analyzing(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> Non
         due = next_measurement_at(spec.analysis, draft.status.analysis)
         wait = max(1.0, (due - draft.now).total_seconds()) if due else draft.lifecycle.poll_seconds(Phase.ANALYZING)
         draft.wait(f"{drift}; {verdict.reason}" if drift else verdict.reason, wait)
+        return
+    if shadowing:
+        # Weights move only now; Deploying sizes the canary for step 1 and replaces the mirror with its weight.
+        draft.update(
+            canary=draft.status.canary.model_copy(update={"shadowed": True}),
+            analysis=AnalysisStatus(measurements=draft.status.analysis.measurements),
+        )
+        draft.move(Phase.DEPLOYING, "ShadowPassed", f"shadow stage passed on mirrored requests: {verdict.reason}")
         return
     steps = spec.serving.traffic.steps
     step = draft.status.canary.step_index
@@ -124,14 +191,35 @@ def analyzing(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> Non
     promoting(draft, spec, current_hash)
 
 
+def _pool_lost(draft: Builder, spec: KVCalibrationSpec) -> bool:
+    """Router inference-pool while Analyzing: a canary pool that lost its ready endpoints (or its picker) gets 0% at
+    once, and Deploying waits until it has them again (core.rollout.pool)."""
+    state, _ = baseline_pool_state(draft, spec)
+    why = not_serving(state)
+    if why is None:
+        return False
+    message = f"{why}: its weight is back to 0% until it has ready endpoints and a ready endpoint picker"
+    draft.do(SetWeight(0))
+    draft.update(canary=draft.status.canary.model_copy(update={"weight": 0}))
+    draft.event("Warning", "CanaryPoolNotReady", message)
+    draft.condition("CanaryReady", "False", "PoolNotReady", message)
+    draft.move(Phase.DEPLOYING, "CanaryPoolNotReady", message)
+    return True
+
+
 def _reassert_weight(draft: Builder, spec: KVCalibrationSpec) -> str:
     """Level-triggered like Argo Rollouts: ask for the step's weight every pass; a route edited behind our back is
     reported (Warning event, message) and put back. The replicas router has no weight to read, so no drift to see."""
     desired, routed = draft.status.canary.weight, draft.obs.routed_weight
-    draft.do(SetWeight(desired))
-    if routed is None or routed == desired:
+    mirror, mirrored = draft.status.canary.mirror, draft.obs.routed_mirror
+    draft.do(SetWeight(desired, mirror=mirror))
+    route = f"HTTPRoute {spec.serving.traffic.http_route}"
+    if routed is not None and routed != desired:
+        drift = f"{route} sent {routed}% to the canary, not {desired}%: set it back"
+    elif mirrored is not None and mirrored != mirror:
+        drift = f"{route} mirrored {mirrored}% of requests to the canary, not {mirror}%: set it back"
+    else:
         return ""
-    drift = f"HTTPRoute {spec.serving.traffic.http_route} sent {routed}% to the canary, not {desired}%: set it back"
     draft.event("Warning", "WeightDrift", drift)
     return drift
 
