@@ -38,7 +38,7 @@ from tests.support.chart import install_chart, operator_policy, release_name, un
 from tests.support.cluster import Cluster, wait_for
 from tests.support.kubelet import FakeKubelet, component
 from tests.support.load import LoadGenerator
-from tests.support.prometheus import PrometheusServer
+from tests.support.prometheus import PrometheusServer, pod_target_labels
 from tests.support.world import (
     CALIBRATION_TIMEOUT,
     HOST_PATHS_ALLOWED,
@@ -114,7 +114,8 @@ class Scrapes:
     targets: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def add(self, pod: dict[str, Any], address: str) -> None:
-        self.targets[address] = {"namespace": self.namespace, "pod": pod["metadata"]["name"]}
+        meta = pod["metadata"]
+        self.targets[address] = pod_target_labels(self.namespace, meta["name"], meta.get("labels") or {})
         self.prometheus.set_targets(self.namespace, dict(self.targets))
         self.prometheus.wait_targets_up([address], timeout=60)
 
@@ -260,7 +261,7 @@ def test_slow_canary_rolls_back_then_fixed_canary_promotes(real: Real, model_dir
     for m in failed:
         # The rank test (the default) on the step's histograms; the interval's medians are recorded for people.
         assert m["canary"] > 1.5 * m["baseline"] and "slower than baseline x1.5" in m["message"], m
-        assert f'pod=~"{NAME}-canary-[a-z0-9]+-[a-z0-9]+"' in m["query"], m["query"]
+        assert f'kvcal_dev_calibration="{NAME}",role="canary"' in m["query"], m["query"]
     requests = by_metric(obj, "requests")[-1]
     assert requests["baseline"] >= 5 and requests["canary"] >= 5, requests
     agreement = by_metric(obj, "tokenAgreement")

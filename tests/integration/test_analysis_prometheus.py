@@ -16,7 +16,7 @@ from kvcal.core.policy import Policy, PrometheusAccess
 from kvcal.models.spec import AnalysisSpec, LatencyCheck, PrometheusRef
 from kvcal.models.status import AnalysisStatus
 from tests.support.exporter import Profile, VllmExporter
-from tests.support.prometheus import PrometheusServer, free_port
+from tests.support.prometheus import PrometheusServer, free_port, role_selector, role_target_labels
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
@@ -70,9 +70,9 @@ def pool(prometheus: PrometheusServer) -> Iterator[list[Rollout]]:
     for i in range(SCENARIOS):
         ns = f"analysis-{i}"
         baseline, canary = VllmExporter(IDLE, seed=2 * i + 1).start(), VllmExporter(IDLE, seed=2 * i + 2).start()
-        targets[baseline.target] = {"namespace": ns, "pod": "llama-bf16-5d4f8b7c9-x1y2z", "role": "baseline"}
-        targets[canary.target] = {"namespace": ns, "pod": "llama-bf16-kvcal-canary-6c7d9f-abcde", "role": "canary"}
-        selector = promql.pod_regex_selector(ns, "llama-bf16", "llama-bf16-kvcal-canary")
+        targets[baseline.target] = role_target_labels(ns, "baseline")
+        targets[canary.target] = role_target_labels(ns, "canary")
+        selector = role_selector(ns)
         rollouts.append(Rollout(prometheus, baseline, canary, ns, selector))
     prometheus.set_targets("analysis", targets)
     try:
@@ -126,9 +126,7 @@ def test_regression_rolls_back_within_the_failure_limit(rollout: Rollout) -> Non
 
 
 def test_no_regression_passes(rollout: Rollout) -> None:
-    # Through the role-label selector (pods labelled kvcal.dev/role, mapped to `role` by the scrape) and with
-    # Prometheus' own histogram_quantile instead of kvcal's bucket estimator.
-    rollout.selector = promql.role_label_selector(rollout.namespace)
+    # With Prometheus' own histogram_quantile instead of kvcal's bucket estimator.
     rollout.estimator = "histogram_quantile"
     quantile_checks = [LatencyCheck(metric=metric, test="quantile") for metric in ("ttft", "itl", "e2e")]
     spec = spec_for(rollout.prometheus, latency=quantile_checks)  # the estimator matters to the quantile test only
@@ -157,7 +155,7 @@ def test_prometheus_down_counts_errors_then_fails() -> None:
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there: connection refused, as for a Prometheus down
     spec = spec_for(None, prometheus=PrometheusRef(address=dead))
     policy = Policy(prometheus_default=PrometheusAccess(name="down", address=dead))
-    metrics = PrometheusSource(promql.role_label_selector("ns"), policy=policy)
+    metrics = PrometheusSource(role_selector("ns"), policy=policy)
     status, verdicts = AnalysisStatus(), []
     for _ in range(3):
         verdict = assess_run(spec, status, metrics.measure(spec, WINDOW_SECONDS), datetime.now(UTC))

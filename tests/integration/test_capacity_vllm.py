@@ -13,16 +13,14 @@ import pytest
 
 from kvcal.adapters.prometheus import PrometheusSource
 from kvcal.compare.server import ServerConfig, VllmServer
-from kvcal.core import promql
 from kvcal.core.analysis import assess_run
 from kvcal.core.capacity import assess_capacity, capacity_status, with_capacity
 from kvcal.models.spec import AnalysisSpec, PrometheusRef
 from kvcal.models.status import AnalysisStatus
-from tests.support.prometheus import PrometheusServer, wait_until
+from tests.support.prometheus import PrometheusServer, role_selector, role_target_labels, wait_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model, pytest.mark.prometheus, pytest.mark.slow]
 
-BASELINE, CANARY = "llm", "smollm2-canary"  # Deployments; pods are NAME-<hash>-<suffix>
 KV_SPACE = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
@@ -46,9 +44,8 @@ def servers(
 
 def scrape(prometheus: PrometheusServer, namespace: str, baseline: VllmServer, canary: VllmServer) -> AnalysisSpec:
     """Register both servers as that namespace's baseline and canary pods; wait until both report their KV cache."""
-    pods = {"baseline": f"{BASELINE}-5d4f8b7c9-x1y2z", "canary": f"{CANARY}-6c7d9f8b-abcde"}
     groups = [
-        (server.url.removeprefix("http://"), {"namespace": namespace, "pod": pods[role]})
+        (server.url.removeprefix("http://"), role_target_labels(namespace, role))
         for role, server in (("baseline", baseline), ("canary", canary))
     ]
     prometheus.set_target_groups(namespace, groups)
@@ -64,7 +61,7 @@ def test_a_canary_whose_fp8_did_not_apply_fails_the_analysis(
 ) -> None:
     spec = scrape(prometheus, "kv-not-applied", servers["auto"], servers["auto"])
     try:
-        selector = promql.pod_regex_selector("kv-not-applied", BASELINE, CANARY)
+        selector = role_selector("kv-not-applied")
         metrics = PrometheusSource(selector, policy=prometheus.policy())
         readings = metrics.kv_cache(spec)
         now = datetime.now(UTC)
@@ -76,7 +73,7 @@ def test_a_canary_whose_fp8_did_not_apply_fails_the_analysis(
     capacity = interval[-1]
     assert capacity.metric == "kvCapacity" and capacity.phase == "Failed", capacity
     assert capacity.baseline == capacity.canary and (capacity.canary or 0) > 10_000  # real token counts, 1.00x
-    assert capacity.query is not None and f'pod=~"{CANARY}-[a-z0-9]+-[a-z0-9]+"' in capacity.query
+    assert capacity.query is not None and 'kvcal_dev_calibration="llm",role="canary"' in capacity.query
     assert verdict.outcome == "Failed"
     assert f"kvCapacity: FP8 KV did not take effect: canary {capacity.canary:g} KV tokens (auto)" in verdict.reason
 
@@ -84,7 +81,7 @@ def test_a_canary_whose_fp8_did_not_apply_fails_the_analysis(
 def test_fp8_beside_bf16_holds_twice_the_tokens(servers: dict[str, VllmServer], prometheus: PrometheusServer) -> None:
     spec = scrape(prometheus, "kv-fp8", servers["auto"], servers["fp8"])
     try:
-        selector = promql.pod_regex_selector("kv-fp8", BASELINE, CANARY)
+        selector = role_selector("kv-fp8")
         readings = PrometheusSource(selector, policy=prometheus.policy()).kv_cache(spec)
     finally:
         prometheus.remove_targets("kv-fp8")

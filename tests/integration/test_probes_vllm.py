@@ -9,10 +9,9 @@ import pytest
 from kvcal.adapters.probes import HttpProbes
 from kvcal.adapters.prometheus import PrometheusSource
 from kvcal.compare.server import VllmServer
-from kvcal.core import promql
 from kvcal.models.spec import AnalysisSpec, LatencyCheck, PrometheusRef, QualitySpec
 from kvcal.probes import Suite, builtin_suite
-from tests.support.prometheus import PrometheusServer, wait_until
+from tests.support.prometheus import PrometheusServer, role_selector, role_target_labels, wait_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model, pytest.mark.slow]
 
@@ -41,9 +40,10 @@ def test_probes_same_server_agree_fully(vllm_server: VllmServer) -> None:
 @pytest.mark.prometheus
 def test_prometheus_measures_a_real_vllm_server(vllm_server: VllmServer, prometheus: PrometheusServer) -> None:
     target = vllm_server.url.removeprefix("http://")
-    labels = {"namespace": "real-vllm"}
-    # The same server scraped twice, once per role: the queries must find vLLM's real series (either name form).
-    prometheus.set_target_groups("real-vllm", [(target, {**labels, "role": r}) for r in ("baseline", "canary")])
+    # The same server scraped twice, once per role (as pods with the roles' labels): the queries must find vLLM's real
+    # series (either name form).
+    groups = [(target, role_target_labels("real-vllm", role)) for role in ("baseline", "canary")]
+    prometheus.set_target_groups("real-vllm", groups)
     try:
         prometheus.wait_targets_up([target])
         selector = 'namespace="real-vllm"'
@@ -70,7 +70,7 @@ def test_prometheus_measures_a_real_vllm_server(vllm_server: VllmServer, prometh
                 LatencyCheck(metric="e2e", quantile=0.5, max_regression=1.0),
             ],
         )
-        metrics = PrometheusSource(promql.role_label_selector("real-vllm"), policy=prometheus.policy())
+        metrics = PrometheusSource(role_selector("real-vllm"), policy=prometheus.policy())
         measurements = {m.metric: m for m in metrics.measure(spec, 300)}
         assert measurements["requests"].phase == "Successful" and (measurements["requests"].canary or 0) >= 5
         for name in ("ttft-p95", "e2e-p50"):

@@ -16,14 +16,13 @@ import pytest
 import yaml
 
 from kvcal.adapters.prometheus import PrometheusSource, connect, run_query
-from kvcal.core import promql
 from kvcal.core.analysis import assess_run
 from kvcal.core.policy import Policy, PrometheusAccess
 from kvcal.devenv.pki import CertificateAuthority
 from kvcal.models.spec import AnalysisSpec, PrometheusRef
 from kvcal.models.status import AnalysisStatus
 from tests.support.prereq import require
-from tests.support.prometheus import PrometheusServer, find_prometheus, free_port
+from tests.support.prometheus import PrometheusServer, find_prometheus, free_port, role_selector
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
@@ -88,7 +87,7 @@ def spec() -> AnalysisSpec:
 
 def intervals(access: PrometheusAccess, count: int = 3) -> list[tuple[str | None, str]]:
     """(interval phase, outcome) of `count` analysis intervals measured through `access`."""
-    metrics = PrometheusSource(promql.role_label_selector("tls"), policy=Policy(prometheus_default=access))
+    metrics = PrometheusSource(role_selector("tls"), policy=Policy(prometheus_default=access))
     status, out = AnalysisStatus(), []
     for _ in range(count):
         verdict = assess_run(spec(), status, metrics.measure(spec(), 60), datetime.now(UTC))
@@ -105,7 +104,7 @@ def test_the_configured_ca_client_certificate_and_credentials_get_answers(secure
         client.close()
     assert sample["value"][1] == "1"
     # A whole interval: no data for these pods yet, so Inconclusive, but no Error: Prometheus answered every query.
-    metrics = PrometheusSource(promql.role_label_selector("tls"), policy=Policy(prometheus_default=secured.access))
+    metrics = PrometheusSource(role_selector("tls"), policy=Policy(prometheus_default=secured.access))
     measured = metrics.measure(spec(), 60)
     assert measured and all(m.phase != "Error" for m in measured), measured
 
@@ -124,7 +123,7 @@ def test_the_configured_ca_client_certificate_and_credentials_get_answers(secure
 def test_anything_else_fails_closed(secured: Secured, change: dict[str, str | None], message: str) -> None:
     paths = {"other": str(secured.other_ca), "wrong": str(secured.wrong_password)}
     access = secured.access.model_copy(update={k: paths.get(v, v) if v else None for k, v in change.items()})
-    metrics = PrometheusSource(promql.role_label_selector("tls"), policy=Policy(prometheus_default=access))
+    metrics = PrometheusSource(role_selector("tls"), policy=Policy(prometheus_default=access))
     (error,) = metrics.measure(spec(), 60)
     assert (error.metric, error.phase) == ("prometheus", "Error")
     assert error.message is not None and error.message.startswith(message), error.message

@@ -7,10 +7,9 @@ from collections.abc import Iterator
 import pytest
 
 from kvcal.adapters.prometheus import PrometheusSource
-from kvcal.core import promql
 from kvcal.models.spec import AnalysisSpec, PrometheusRef, SaturationCheck
 from tests.support.exporter import Profile, VllmExporter
-from tests.support.prometheus import PrometheusServer
+from tests.support.prometheus import PrometheusServer, role_selector, role_target_labels
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
@@ -26,8 +25,8 @@ WORSE = Profile(rate=80, running=3, waiting=6, preemptions_per_request=0.3)
 def pair(prometheus: PrometheusServer) -> Iterator[tuple[VllmExporter, VllmExporter]]:
     baseline, canary = VllmExporter(BF16, seed=101).start(), VllmExporter(FP8, seed=102).start()
     prometheus.set_targets(NAMESPACE, {
-        baseline.target: {"namespace": NAMESPACE, "pod": "llm-5d4f8b7c9-x1y2z"},
-        canary.target: {"namespace": NAMESPACE, "pod": "llm-kvcal-canary-6c7d9f-abcde"},
+        baseline.target: role_target_labels(NAMESPACE, "baseline"),
+        canary.target: role_target_labels(NAMESPACE, "canary"),
     })  # fmt: skip
     try:
         prometheus.wait_targets_up([baseline.target, canary.target])
@@ -45,7 +44,7 @@ def measure(prometheus: PrometheusServer, mode: str) -> dict[str, tuple[str, flo
         prometheus=PrometheusRef(address=prometheus.url), latency=[], min_requests=50,
         saturation=SaturationCheck.model_validate({"mode": mode}),
     )  # fmt: skip
-    selector = promql.pod_regex_selector(NAMESPACE, "llm", "llm-kvcal-canary")
+    selector = role_selector(NAMESPACE)
     out = PrometheusSource(selector, policy=prometheus.policy()).measure(spec, WINDOW_SECONDS)
     return {m.metric: (m.phase, m.baseline, m.canary, m.message or "") for m in out}
 

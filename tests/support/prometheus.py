@@ -22,7 +22,10 @@ from typing import Any
 
 import pytest
 
+from kvcal.core import promql
+from kvcal.core.manifests.common import LABEL_CALIBRATION, LABEL_ROLE
 from kvcal.core.policy import Policy, PrometheusAccess
+from kvcal.core.promql import Role
 from tests.support.prereq import require
 
 SCRAPE_INTERVAL_SECONDS = 1
@@ -36,7 +39,38 @@ scrape_configs:
     file_sd_configs:
       - files: [{targets}]
         refresh_interval: 1s
+    # As the scrape config in docs/operations.md: the pod labels Kubernetes discovery would give (tests write them
+    # as __meta_kubernetes_pod_label_* target labels) become series labels, which kvcal selects roles by.
+    relabel_configs:
+      - regex: __meta_kubernetes_pod_label_(.+)
+        action: labelmap
 """
+
+# The pods of the tests' rollouts: a baseline selected by `app: llm`, and a canary as router `replicas` makes it (the
+# baseline's labels plus kvcal's), the hardest case for telling them apart.
+CALIBRATION = "llm"
+BASELINE_MATCH_LABELS = {"app": "llm"}
+ROLE_POD_LABELS: dict[Role, dict[str, str]] = {
+    "baseline": {**BASELINE_MATCH_LABELS, "tier": "serving"},
+    "canary": {**BASELINE_MATCH_LABELS, "tier": "serving", LABEL_ROLE: "canary", LABEL_CALIBRATION: CALIBRATION},
+}
+
+
+def pod_target_labels(namespace: str, pod: str, pod_labels: dict[str, str]) -> dict[str, str]:
+    """The target labels Kubernetes pod discovery gives one pod: its namespace and name, and its labels as meta labels
+    (the server's labelmap rule turns them into series labels)."""
+    meta = {f"__meta_kubernetes_pod_label_{promql.series_label(key)}": value for key, value in pod_labels.items()}
+    return {"namespace": namespace, "pod": pod, **meta}
+
+
+def role_target_labels(namespace: str, role: Role, pod: str | None = None) -> dict[str, str]:
+    """A test rollout's baseline or canary pod as a scrape target (ROLE_POD_LABELS)."""
+    return pod_target_labels(namespace, pod or f"{CALIBRATION}-{role}-0", ROLE_POD_LABELS[role])
+
+
+def role_selector(namespace: str) -> promql.Selector:
+    """What the operator selects a test rollout's roles by (kvcal.core.promql.pod_label_selector)."""
+    return promql.pod_label_selector(namespace, CALIBRATION, BASELINE_MATCH_LABELS)
 
 
 def free_port() -> int:

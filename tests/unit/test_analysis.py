@@ -36,11 +36,11 @@ def test_render_fails_on_a_missing_variable() -> None:
 
 
 def test_render_latency_query_shape() -> None:
-    sel = promql.role_label_selector("prod").for_role("canary")
+    sel = promql.pod_label_selector("prod", "llm", {"app": "llm"}).for_role("canary")
     q = promql.render_latency("ttft", 0.95, sel, "60s")
     assert q == (
         'histogram_quantile(0.95, sum by (le) (rate({__name__=~"vllm[:_]time_to_first_token_seconds_bucket",'
-        'namespace="prod",role="canary"}[60s])))'
+        'namespace="prod",kvcal_dev_calibration="llm",role="canary"}[60s])))'
     )
 
 
@@ -61,8 +61,8 @@ def test_render_latency_rejects_bad_values(metric: str, quantile: float, window:
 
 
 def test_label_values_are_escaped() -> None:
-    sel = promql.role_label_selector('ns"} or vector(1) #').for_role("baseline")
-    assert sel.startswith('namespace="ns\\"} or vector(1) #"')
+    sel = promql.pod_label_selector('ns"} or vector(1) #', "llm", {"app": 'x"}'}).for_role("baseline")
+    assert sel == 'namespace="ns\\"} or vector(1) #",app="x\\"}",kvcal_dev_calibration=""'
 
 
 def test_label_names_are_validated() -> None:
@@ -70,15 +70,29 @@ def test_label_names_are_validated() -> None:
         promql.Matcher("bad-name", "=", "x").render()
 
 
-def test_pod_regex_selector_separates_baseline_and_canary_pods() -> None:
-    import re
+def test_pod_label_selector_tells_roles_apart_by_pod_labels_for_every_workload_kind() -> None:
+    """Series labels as Prometheus's pod discovery + labelmap give them; StatefulSet pods (NAME-0) have no
+    Deployment-style name, and a `replicas` canary carries the baseline's labels too."""
+    sel = promql.pod_label_selector("ns", "llm", {"app.kubernetes.io/name": "llm", "tier": "serving"})
 
-    sel = promql.pod_regex_selector("ns", "llama-bf16", "llama-bf16-kvcal-canary")
-    pattern = {m.label: m.value for m in sel.baseline}["pod"]
-    canary_pattern = {m.label: m.value for m in sel.canary}["pod"]
-    assert re.fullmatch(pattern, "llama-bf16-5d4f8b7c9-x1y2z")
-    assert not re.fullmatch(pattern, "llama-bf16-kvcal-canary-6c7d9f-abcde")
-    assert re.fullmatch(canary_pattern, "llama-bf16-kvcal-canary-6c7d9f-abcde")
+    def matches(matchers: tuple[promql.Matcher, ...], series: dict[str, str]) -> bool:
+        return all(series.get(m.label, "") == m.value for m in matchers)
+
+    baseline_pod = {"namespace": "ns", "pod": "llm-0", "app_kubernetes_io_name": "llm", "tier": "serving"}
+    canary_pod = {**baseline_pod, "pod": "llm-canary-0", "role": "canary", "kvcal_dev_calibration": "llm"}
+    other_canary = {**canary_pod, "kvcal_dev_calibration": "other"}
+    elsewhere = {**baseline_pod, "namespace": "prod"}
+    assert [matches(sel.baseline, s) for s in (baseline_pod, canary_pod, other_canary, elsewhere)] == [
+        True, False, False, False,
+    ]  # fmt: skip
+    assert [matches(sel.canary, s) for s in (baseline_pod, canary_pod, other_canary, elsewhere)] == [
+        False, True, False, False,
+    ]  # fmt: skip
+
+
+def test_pod_label_selector_needs_the_baselines_match_labels() -> None:
+    with pytest.raises(promql.TemplateError, match="matchLabels"):
+        promql.pod_label_selector("ns", "llm", {})
 
 
 def test_error_rate_treats_no_5xx_series_as_zero() -> None:

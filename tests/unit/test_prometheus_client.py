@@ -30,6 +30,8 @@ METADATA_BODY = json.dumps(
     {"Code": "MetadataAnswer", "AccessKeyId": ACCESS_KEY_ID, "SecretAccessKey": SECRET_ACCESS_KEY}
 )
 EMPTY_VECTOR = json.dumps({"status": "success", "data": {"resultType": "vector", "result": []}})
+# Any selector: the test server answers every query alike.
+SELECTOR = promql.pod_label_selector("ns", "llm", {"app": "llm"})
 LEAKS = (ACCESS_KEY_ID, SECRET_ACCESS_KEY, "AccessKeyId", "SecretAccessKey", "MetadataAnswer")
 
 
@@ -84,7 +86,7 @@ def test_an_error_answers_body_reaches_neither_the_error_nor_the_status(
 
     spec = AnalysisSpec(prometheus=PrometheusRef(address=server.url), latency=[], min_requests=0)
     policy = Policy(prometheus_default=access(server.url))
-    measurements = PrometheusSource(promql.role_label_selector("ns"), policy=policy).measure(spec, 60)
+    measurements = PrometheusSource(SELECTOR, policy=policy).measure(spec, 60)
     assert [(m.metric, m.phase) for m in measurements] == [("prometheus", "Error")]
     status = assess_run(spec, AnalysisStatus(), measurements, datetime.now(UTC)).status
     written = json.dumps(status.to_wire())
@@ -129,7 +131,7 @@ def test_a_redirect_is_not_followed(server: Server) -> None:
 
 def test_a_spec_that_picks_no_configured_prometheus_fetches_nothing(server: Server) -> None:
     policy = Policy(prometheus_default=access("http://prometheus.monitoring:9090"))
-    metrics = PrometheusSource(promql.role_label_selector("ns"), policy=policy)
+    metrics = PrometheusSource(SELECTOR, policy=policy)
     for ref in (PrometheusRef(address=server.url), PrometheusRef(name="other")):
         spec = AnalysisSpec(prometheus=ref, latency=[], min_requests=0)
         (error,) = metrics.measure(spec, 60)
@@ -143,7 +145,7 @@ def test_the_configured_entry_is_queried_whatever_the_spec_spells(server: Server
     """Picked by name, the configured address is used; the spec's own string never becomes a URL."""
     policy = Policy(prometheus_additional=(access(server.url + "/"),))
     spec = AnalysisSpec(prometheus=PrometheusRef(name="metrics"), latency=[], min_requests=0)
-    measurements = PrometheusSource(promql.role_label_selector("ns"), policy=policy).measure(spec, 60)
+    measurements = PrometheusSource(SELECTOR, policy=policy).measure(spec, 60)
     assert all(m.phase != "Error" for m in measurements), measurements
     assert server.received and all(path.startswith("/api/v1/query?") for path, _ in server.received)
 
@@ -174,7 +176,7 @@ def test_an_unreadable_credentials_file_fails_closed(server: Server, tmp_path: P
     missing = access(server.url.replace("http:", "https:"), bearer_token_file=str(tmp_path / "absent"))
     policy = Policy(prometheus_default=missing)
     spec = AnalysisSpec(prometheus=PrometheusRef(), latency=[], min_requests=0)
-    (error,) = PrometheusSource(promql.role_label_selector("ns"), policy=policy).measure(spec, 60)
+    (error,) = PrometheusSource(SELECTOR, policy=policy).measure(spec, 60)
     assert (error.phase, error.message) == (
         "Error",
         "Prometheus 'metrics': its bearerTokenFile cannot be read (see the operator's log)",
@@ -185,9 +187,7 @@ def test_an_unreadable_credentials_file_fails_closed(server: Server, tmp_path: P
 def test_nothing_answers_is_one_error_without_the_url() -> None:
     dead = access("http://127.0.0.1:9")
     spec = AnalysisSpec(prometheus=PrometheusRef(), latency=[], min_requests=0)
-    (error,) = PrometheusSource(promql.role_label_selector("ns"), policy=Policy(prometheus_default=dead)).measure(
-        spec, 60
-    )
+    (error,) = PrometheusSource(SELECTOR, policy=Policy(prometheus_default=dead)).measure(spec, 60)
     assert (error.metric, error.phase, error.message) == (
         "prometheus",
         "Error",

@@ -72,7 +72,7 @@ def test_missing_data_or_too_few_requests_is_inconclusive(canary: Load) -> None:
 
 
 def test_queries_are_per_pod_means_under_either_name_form() -> None:
-    selector = 'namespace="llm",pod=~"llm-[a-z0-9]+-[a-z0-9]+"'
+    selector = 'namespace="llm",kvcal_dev_calibration="llm",role="canary"'
     waiting = promql.render_named("requests_waiting", selector, "60s")
     assert waiting == f'avg(avg_over_time({{__name__=~"vllm[:_]num_requests_waiting",{selector}}}[60s]))'
     assert "num_requests_running" in promql.render_named("requests_running", selector, "60s")

@@ -128,3 +128,20 @@ def test_a_rollback_deletes_the_canary_statefulset() -> None:
     deletes = [a for a in (*d.actions, *deleting.actions) if isinstance(a, Delete)]
     assert Delete("StatefulSet", CANARY) in deletes and Delete("Service", CANARY) in deletes
     assert all(a.kind != "Deployment" for a in deletes)
+
+
+def test_prometheus_selects_a_statefulsets_pods_by_its_selector_labels_not_by_pod_names() -> None:
+    """StatefulSet pods are NAME-0: the analysis selects the baseline's series by the labels its controller selects
+    its pods by (kvcal.core.promql.pod_label_selector), read from the baseline workload."""
+    from kvcal.adapters.prometheus import PrometheusSource
+    from kvcal.handlers.backends import ClusterBackends
+    from kvcal.ports import Target
+    from tests.support.fakekube import FakeKube
+
+    target = Target(namespace="llm", name=OWNER.name, spec=STS, canary_deployment=CANARY, canary_service=CANARY)
+    source = ClusterBackends(FakeKube([statefulset_manifest()])).metrics_source(target)
+    assert isinstance(source, PrometheusSource)
+    assert source.selector.for_role("baseline") == 'namespace="llm",app="llm",kvcal_dev_calibration=""'
+    assert source.selector.for_role("canary") == f'namespace="llm",kvcal_dev_calibration="{OWNER.name}",role="canary"'
+    with pytest.raises(LookupError, match="StatefulSet llm/llm \\(the baseline\\) not found"):
+        ClusterBackends(FakeKube([])).metrics_source(target)

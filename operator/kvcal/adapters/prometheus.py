@@ -238,6 +238,11 @@ class PrometheusSource:
         self._connect = connect
         self._clock = clock
 
+    @property
+    def selector(self) -> promql.Selector:
+        """The label matchers of each role's series."""
+        return self._selector
+
     def _client(self, spec: AnalysisSpec) -> QueryClient:
         access = resolve_prometheus(spec.prometheus, self._policy)
         if access is None:  # decide() refuses the spec too; here, nothing is fetched meanwhile

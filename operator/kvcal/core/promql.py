@@ -1,26 +1,28 @@
 """PromQL templates for canary analysis, rendered strictly.
 
-Every query compares one *role* (baseline or canary) over one window. How a series is tied to a role is a choice of
-label matchers, made once per resource by the operator:
+Every query compares one *role* (baseline or canary) over one window. A series is tied to a role by the labels of
+the pod it was scraped from, as Prometheus's Kubernetes pod discovery maps them (``labelmap`` on
+``__meta_kubernetes_pod_label_(.+)``, or a PodMonitor's ``podTargetLabels``): a pod label ``kvcal.dev/calibration``
+becomes the series label ``kvcal_dev_calibration``. One rule for every workload kind, since a StatefulSet's pods
+(``NAME-0``) have no Deployment-style name to match:
 
-- ``pod_regex_selector`` (default): the baseline's pods are ``DEPLOYMENT-<template-hash>-<suffix>``, the canary's
-  ``CANARY-DEPLOYMENT-<template-hash>-<suffix>``. A stock ``kubernetes-pods`` scrape job / PodMonitor already adds
-  ``namespace`` and ``pod`` labels, and the baseline Deployment needs no new label (adding one would roll it).
-- ``role_label_selector``: the pods carry the label ``kvcal.dev/role: baseline|canary`` and the scrape config maps it
-  to a ``role`` label (``__meta_kubernetes_pod_label_kvcal_dev_role`` -> ``role``). Use it when pod names are not
-  stable (e.g. a custom controller) and the baseline's pod template can carry the label.
+- the canary: kvcal's own labels on the canary's pods (``role: canary``, ``kvcal.dev/calibration: NAME``);
+- the baseline: its workload's ``spec.selector.matchLabels`` (what its controller already selects its pods by, so no
+  new label on the baseline: adding one would roll it), and no ``kvcal.dev/calibration`` label, which keeps out a
+  canary that copied the baseline's labels (``router: replicas``).
 
 Rendering is strict: a variable the template names but the caller did not give is an error, and values are
 validated (quantile in (0, 1), window a Prometheus duration) or escaped (label values) — never pasted raw.
 """
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from kvcal.core.manifests.common import LABEL_CALIBRATION, LABEL_ROLE
+
 Role = Literal["baseline", "canary"]
-ROLE_LABEL = "role"
-POD_LABEL_ROLE = "kvcal.dev/role"
 
 # vLLM 0.32 histogram names (after the 'vllm:' prefix) per latency metric of the spec (LatencyCheck.metric).
 LATENCY_HISTOGRAMS: dict[str, str] = {
@@ -118,23 +120,26 @@ def escape_label_value(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _pod_regex(deployment: str) -> str:
-    # Deployment pods: NAME-<pod-template-hash>-<5 char suffix>; no '-' inside either, so the canary
-    # (NAME-kvcal-canary-...) never matches the baseline's pattern.
-    return deployment.replace(".", "\\.") + "-[a-z0-9]+-[a-z0-9]+"
+def series_label(pod_label: str) -> str:
+    """The series label Prometheus's pod discovery gives a pod label: every character outside [a-zA-Z0-9_] -> '_'."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", pod_label)
 
 
-def pod_regex_selector(namespace: str, baseline_deployment: str, canary_deployment: str) -> Selector:
+def pod_label_selector(namespace: str, calibration: str, baseline_match_labels: Mapping[str, str]) -> Selector:
+    """Baseline and canary series by their pods' labels (module docstring)."""
+    if not baseline_match_labels:
+        raise TemplateError(
+            "the baseline's spec.selector has no matchLabels: kvcal selects its pods in Prometheus by them"
+        )
+    in_namespace = Matcher("namespace", "=", namespace)
+    baseline = tuple(Matcher(series_label(key), "=", value) for key, value in sorted(baseline_match_labels.items()))
     return Selector(
-        baseline=(Matcher("namespace", "=", namespace), Matcher("pod", "=~", _pod_regex(baseline_deployment))),
-        canary=(Matcher("namespace", "=", namespace), Matcher("pod", "=~", _pod_regex(canary_deployment))),
-    )
-
-
-def role_label_selector(namespace: str, extra: tuple[Matcher, ...] = ()) -> Selector:
-    return Selector(
-        baseline=(Matcher("namespace", "=", namespace), Matcher(ROLE_LABEL, "=", "baseline"), *extra),
-        canary=(Matcher("namespace", "=", namespace), Matcher(ROLE_LABEL, "=", "canary"), *extra),
+        baseline=(in_namespace, *baseline, Matcher(series_label(LABEL_CALIBRATION), "=", "")),
+        canary=(
+            in_namespace,
+            Matcher(series_label(LABEL_CALIBRATION), "=", calibration),
+            Matcher(series_label(LABEL_ROLE), "=", "canary"),
+        ),
     )
 
 

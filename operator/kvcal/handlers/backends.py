@@ -22,10 +22,14 @@ class ClusterBackends:
 
     def metrics_source(self, target: Target) -> MetricsSource | None:
         from kvcal.adapters.prometheus import PrometheusSource
-        from kvcal.core.promql import pod_regex_selector
+        from kvcal.core.manifests.common import match_labels
+        from kvcal.core.promql import pod_label_selector
 
-        baseline = target.spec.serving.baseline.deployment
-        selector = pod_regex_selector(target.namespace, baseline, target.canary_deployment)
+        baseline = target.spec.serving.baseline
+        workload = self.kube.get(baseline.kind, target.namespace, baseline.deployment)
+        if workload is None:
+            raise LookupError(f"{baseline.kind} {target.namespace}/{baseline.deployment} (the baseline) not found")
+        selector = pod_label_selector(target.namespace, target.name, match_labels(workload))
         return PrometheusSource(selector, policy=self.policy)
 
     def probes(self, target: Target) -> Probes | None:

@@ -32,7 +32,7 @@ from kvcal.core.deletion import decide_deletion
 from kvcal.core.endpoints import canary_pod_labels, pod_ready, probe_urls
 from kvcal.core.events import history_event, history_event_name
 from kvcal.core.manifests import FIELD_MANAGER, Owner, calibration_job_name, canary_name, verification_job_name
-from kvcal.core.manifests.common import LABEL_CALIBRATION, LABEL_MANAGED_BY, MANAGED_BY, label_value
+from kvcal.core.manifests.common import LABEL_CALIBRATION, LABEL_MANAGED_BY, MANAGED_BY, label_value, match_labels
 from kvcal.core.manifests.pool import canary_picker_name, canary_pool_name, picker_service_name
 from kvcal.core.observations import (
     GATE_ANNOTATIONS,
@@ -394,7 +394,7 @@ class Reconciler:
         picker = workload_state("Deployment", self.kube.get("Deployment", ns, canary_picker_name(owner.name)))
         need_deployments = picker is None and picker_service is not None
         deployments = tuple(self.kube.list("Deployment", ns, {})) if need_deployments else ()
-        selector = ((canary_pool or {}).get("spec", {}).get("selector") or {}).get("matchLabels") or {}
+        selector = match_labels(canary_pool)
         ready = sum(1 for pod in self.kube.list("Pod", ns, selector) if pod_ready(pod)) if selector else 0
         return PoolState(baseline_pool, picker_service, deployments, canary_pool, picker, ready)
 
@@ -420,12 +420,12 @@ class Reconciler:
         target = adapters.target
         analysis = target.spec.analysis
         out: list[Measurement] = []
-        source = adapters.metrics_source
-        if source is not None:
-            try:
+        try:  # building the source reads the baseline's selector, which can fail like a query
+            source = adapters.metrics_source
+            if source is not None:
                 out += source.measure(analysis, analysis.interval_seconds, step_seconds)
-            except Exception as e:
-                out.append(error_measurement("prometheus", f"{type(e).__name__}: {e}", at=rfc3339(now)))
+        except Exception as e:
+            out.append(error_measurement("prometheus", f"{type(e).__name__}: {e}", at=rfc3339(now)))
         probes = adapters.probes
         if probes is not None:
             try:
@@ -437,10 +437,10 @@ class Reconciler:
 
     def kv_cache(self, adapters: PassAdapters) -> KVCacheReadings | None:
         """The KV cache each role reports (core.capacity); None without a metrics backend."""
-        source = adapters.metrics_source
-        if source is None:
-            return None
         try:
+            source = adapters.metrics_source
+            if source is None:
+                return None
             return source.kv_cache(adapters.target.spec.analysis)
         except Exception as e:
             return KVCacheReadings(error=f"{type(e).__name__}: {e}")
@@ -449,7 +449,7 @@ class Reconciler:
         """One ready pod of each role by pod IP (see core.endpoints: the baseline Service also reaches the canary)."""
         ns, baseline = target.namespace, target.spec.serving.baseline
         workload = self.kube.get(baseline.kind, ns, baseline.deployment)
-        selector = ((workload or {}).get("spec", {}).get("selector") or {}).get("matchLabels") or {}
+        selector = match_labels(workload)
         pods: list[Manifest] = []
         if workload:  # the canary's pods may not carry the baseline's labels (core.manifests.canary)
             listed = [*self.kube.list("Pod", ns, selector), *self.kube.list("Pod", ns, canary_pod_labels(target.name))]

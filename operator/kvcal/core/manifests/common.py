@@ -214,3 +214,8 @@ def volumes_and_mounts(locations: list[tuple[Location, bool]]) -> tuple[list[Man
             mount["readOnly"] = mount["readOnly"] or (previous is not None and previous["readOnly"])
             mounts[mount["mountPath"]] = mount
     return list(volumes.values()), list(mounts.values())
+
+
+def match_labels(obj: Manifest | None) -> dict[str, str]:
+    """``spec.selector.matchLabels`` of a workload or an InferencePool (empty when absent)."""
+    return dict((((obj or {}).get("spec") or {}).get("selector") or {}).get("matchLabels") or {})

@@ -9,7 +9,7 @@ reads back 0% on the canary pool. Pure like decide.
 """
 
 from kvcal.core.draft import Builder
-from kvcal.core.manifests.common import Manifest
+from kvcal.core.manifests.common import Manifest, match_labels
 from kvcal.core.manifests.pool import (
     POOL_FIELD,
     build_canary_picker,
@@ -46,7 +46,7 @@ def baseline_pool_state(draft: Builder, spec: KVCalibrationSpec) -> tuple[PoolSt
 
 def pool_selector_keys(baseline_pool: Manifest) -> frozenset[str]:
     """The baseline pool's matchLabels keys: the canary's pods leave them out, or the baseline pool would pick them."""
-    return frozenset((baseline_pool.get("spec", {}).get("selector") or {}).get("matchLabels") or {})
+    return frozenset(match_labels(baseline_pool))
 
 
 def not_serving(state: PoolState) -> str | None:
@@ -67,7 +67,7 @@ def bring_up_pool(draft: Builder, spec: KVCalibrationSpec) -> bool:
     absent). True once the pool may take weight; else the draft waits, saying on what."""
     state, baseline_pool = baseline_pool_state(draft, spec)
     owner = draft.obs.owner
-    selector = (baseline_pool.get("spec", {}).get("selector") or {}).get("matchLabels") or {}
+    selector = match_labels(baseline_pool)
     canary = draft.obs.canary
     pod_labels = canary.manifest["spec"]["template"].get("metadata", {}).get("labels", {}) if canary else {}
     if selector and all(pod_labels.get(k) == v for k, v in selector.items()):
