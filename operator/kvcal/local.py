@@ -6,6 +6,8 @@ import signal
 import socket
 import subprocess
 from pathlib import Path
+from types import TracebackType
+from typing import Self
 
 
 def cache_dir() -> Path:
@@ -35,3 +37,21 @@ def stop_process_group(process: subprocess.Popen[bytes], timeout: float) -> None
             process.wait(timeout=timeout)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
+
+
+class LocalProcesses:
+    """Processes this machine runs for a while: ``with X(...) as x`` starts them and always stops them."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

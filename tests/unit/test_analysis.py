@@ -7,7 +7,9 @@ import pytest
 
 from kvcal.core import promql
 from kvcal.core.analysis import (
+    Reading,
     RequestCounts,
+    RequestGate,
     assess_error_rate,
     assess_latency,
     assess_requests,
@@ -123,7 +125,7 @@ def test_format_window() -> None:
     ],
 )
 def test_assess_latency(baseline: float | None, canary: float | None, phase: str) -> None:
-    m = assess_latency(TTFT, baseline, canary, requests=ENOUGH, min_requests=50, at=AT, query="q")
+    m = assess_latency(TTFT, Reading(baseline, canary, "q"), gate=RequestGate(ENOUGH, 50), at=AT)
     assert m.phase == phase
     assert m.metric == "ttft-p95" and m.query == "q"
     if phase != "Inconclusive":
@@ -131,13 +133,13 @@ def test_assess_latency(baseline: float | None, canary: float | None, phase: str
 
 
 def test_latency_below_min_requests_is_inconclusive_even_when_values_look_fine() -> None:
-    m = assess_latency(TTFT, 0.2, 0.2, requests=RequestCounts(500, 12), min_requests=50, at=AT)
+    m = assess_latency(TTFT, Reading(0.2, 0.2), gate=RequestGate(RequestCounts(500, 12), 50), at=AT)
     assert m.phase == "Inconclusive"
     assert m.message == "canary: 12 requests < minRequests 50"
 
 
 def test_nan_values_are_not_stored_as_nan() -> None:
-    m = assess_latency(TTFT, math.nan, 0.2, requests=ENOUGH, min_requests=50, at=AT)
+    m = assess_latency(TTFT, Reading(math.nan, 0.2), gate=RequestGate(ENOUGH, 50), at=AT)
     assert m.baseline is None and m.canary == 0.2
     assert "no data for baseline" in (m.message or "")
 
@@ -148,7 +150,7 @@ def test_nan_values_are_not_stored_as_nan() -> None:
      (0.0, math.nan, "Inconclusive")],
 )  # fmt: skip
 def test_assess_error_rate(baseline: float, canary: float, phase: str) -> None:
-    m = assess_error_rate(0.01, baseline, canary, requests=ENOUGH, min_requests=50, at=AT)
+    m = assess_error_rate(0.01, Reading(baseline, canary), gate=RequestGate(ENOUGH, 50), at=AT)
     assert m.phase == phase
 
 

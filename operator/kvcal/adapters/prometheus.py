@@ -24,7 +24,9 @@ import httpx
 
 from kvcal.core import promql
 from kvcal.core.analysis import (
+    Reading,
     RequestCounts,
+    RequestGate,
     assess_error_rate,
     assess_latency,
     assess_requests,
@@ -256,14 +258,12 @@ class PrometheusSource:
         client: QueryClient,
         build: Callable[[str], str],
         read: Callable[[QueryClient, str], float | None] = scalar,
-    ) -> tuple[float | None, float | None, str]:
+    ) -> Reading:
         baseline_query = build(self._selector.for_role("baseline"))
         canary_query = build(self._selector.for_role("canary"))
-        return read(client, baseline_query), read(client, canary_query), canary_query
+        return Reading(read(client, baseline_query), read(client, canary_query), canary_query)
 
-    def _latency(
-        self, client: QueryClient, metric: str, quantile: float, window: str
-    ) -> tuple[float | None, float | None, str]:
+    def _latency(self, client: QueryClient, metric: str, quantile: float, window: str) -> Reading:
         if self._estimator == "histogram_quantile":
             return self._pair(client, lambda s: promql.render_latency(metric, quantile, s, window))
         return self._pair(
@@ -325,6 +325,7 @@ class PrometheusSource:
         except QueryError as exc:
             return [error_measurement("requests", str(exc), at=at)]
         counts = RequestCounts(b, c)
+        gate = RequestGate(counts, spec.min_requests)
         out.append(assess_requests(counts, min_requests=spec.min_requests, at=at, query=q))
         for check in spec.latency:
             name = latency_metric_name(check)
@@ -332,26 +333,22 @@ class PrometheusSource:
                 if check.test == "rank":
                     out.append(self._rank(client, spec, check, (window, step_window), look, counts, at))
                     continue
-                b, c, q = self._latency(client, check.metric, check.quantile, window)
+                reading = self._latency(client, check.metric, check.quantile, window)
             except (Unreachable, QueryError) as exc:
                 out.append(error_measurement(name, str(exc), at=at))
                 continue
-            out.append(assess_latency(check, b, c, requests=counts, min_requests=spec.min_requests, at=at, query=q))
+            out.append(assess_latency(check, reading, gate=gate, at=at))
         named = (("errorRate", "error_rate"), ("preemptions", "preemptions"), ("kvCacheUsage", "kv_cache_usage"))
         for metric, template in named:
             try:
-                b, c, q = self._pair(client, partial(promql.render_named, template, window=window))
+                reading = self._pair(client, partial(promql.render_named, template, window=window))
             except (Unreachable, QueryError) as exc:
                 out.append(error_measurement(metric, str(exc), at=at))
                 continue
             if metric == "errorRate":
-                out.append(
-                    assess_error_rate(
-                        spec.max_error_rate, b, c, requests=counts, min_requests=spec.min_requests, at=at, query=q
-                    )
-                )
+                out.append(assess_error_rate(spec.max_error_rate, reading, gate=gate, at=at))
             else:
-                out.append(informational(metric, b, c, at=at, query=q))
+                out.append(informational(metric, reading.baseline, reading.canary, at=at, query=reading.query))
         if spec.saturation.mode != "disabled":
             out += self._saturation(client, spec, window, counts, at)
         return out
@@ -360,7 +357,7 @@ class PrometheusSource:
         self, client: QueryClient, spec: AnalysisSpec, window: str, counts: RequestCounts, at: str
     ) -> list[Measurement]:
         values: dict[str, tuple[float | None, float | None]] = {}
-        queries: dict[str, str] = {}
+        queries: dict[str, str | None] = {}
         templates = {"running": "requests_running", "waiting": "requests_waiting", "preemptions": "preemptions"}
         for key, template in templates.items():
             try:

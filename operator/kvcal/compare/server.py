@@ -9,11 +9,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
+from typing import Self
 
 import httpx
 
-from kvcal.local import free_port, stop_process_group
+from kvcal.local import LocalProcesses, free_port, stop_process_group
 
 SERVED_NAME = "kvcal"
 
@@ -47,7 +47,7 @@ class ServerConfig:
     kv_cache_memory_bytes: int | None = None
 
 
-class VllmServer:
+class VllmServer(LocalProcesses):
     """Context manager: `with VllmServer(cfg, log_path) as server: server.url`."""
 
     def __init__(self, config: ServerConfig, log_path: Path, port: int | None = None) -> None:
@@ -89,7 +89,7 @@ class VllmServer:
             args += ["--kv-cache-memory-bytes", str(c.kv_cache_memory_bytes)]
         return [*args, *c.extra_args]
 
-    def start(self) -> "VllmServer":
+    def start(self) -> Self:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("wb")
         started = time.monotonic()
@@ -148,11 +148,3 @@ class VllmServer:
     def stop(self) -> None:
         if self.process is not None:  # the whole group: vLLM's engine-core child too
             stop_process_group(self.process, timeout=30)
-
-    def __enter__(self) -> "VllmServer":
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()

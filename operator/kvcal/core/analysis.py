@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from statistics import NormalDist
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from kvcal.core.redact import redact
 from kvcal.core.timestamps import parse_rfc3339, rfc3339
@@ -47,6 +47,21 @@ class AnalysisVerdict:
 class RequestCounts:
     baseline: float | None
     canary: float | None
+
+
+class Reading(NamedTuple):
+    """One metric of both roles as Prometheus answered (None: no data), and the canary's query, kept for people."""
+
+    baseline: float | None
+    canary: float | None
+    query: str | None = None
+
+
+class RequestGate(NamedTuple):
+    """An interval's request counts and the spec's minRequests: a verdict on fewer is Inconclusive."""
+
+    counts: RequestCounts | None
+    min_requests: int
 
 
 def is_missing(value: float | None) -> bool:
@@ -125,19 +140,11 @@ def _seconds(value: float) -> str:
     return f"{value * 1000:.1f}ms" if value < 1 else f"{value:.3f}s"
 
 
-def assess_latency(
-    check: LatencyCheck,
-    baseline: float | None,
-    canary: float | None,
-    *,
-    requests: RequestCounts | None,
-    min_requests: int,
-    at: str,
-    query: str | None = None,
-) -> Measurement:
+def assess_latency(check: LatencyCheck, reading: Reading, *, gate: RequestGate, at: str) -> Measurement:
     """Canary quantile vs baseline quantile: fails above max(baseline x (1+maxRegression), baseline + noiseFloor)."""
     name = latency_metric_name(check)
-    why = too_few_requests(requests, min_requests) or _missing(baseline, canary)
+    baseline, canary, query = reading
+    why = too_few_requests(*gate) or _missing(baseline, canary)
     if why or baseline is None or canary is None:
         return Measurement(
             metric=name, phase="Inconclusive", at=at, baseline=_finite(baseline), canary=_finite(canary),
@@ -156,19 +163,11 @@ def assess_latency(
     )  # fmt: skip
 
 
-def assess_error_rate(
-    max_error_rate: float,
-    baseline: float | None,
-    canary: float | None,
-    *,
-    requests: RequestCounts | None,
-    min_requests: int,
-    at: str,
-    query: str | None = None,
-) -> Measurement:
+def assess_error_rate(max_error_rate: float, reading: Reading, *, gate: RequestGate, at: str) -> Measurement:
     """Fails when the canary's error rate is above maxErrorRate and above the baseline's (a shared outage is not
     the canary's fault). A missing baseline rate counts as 0; a missing canary rate is Inconclusive."""
-    why = too_few_requests(requests, min_requests) or _missing(0.0, canary)
+    baseline, canary, query = reading
+    why = too_few_requests(*gate) or _missing(0.0, canary)
     if why or canary is None:
         return Measurement(
             metric="errorRate", phase="Inconclusive", at=at, baseline=_finite(baseline), canary=_finite(canary),
@@ -191,7 +190,9 @@ def assess_requests(requests: RequestCounts, *, min_requests: int, at: str, quer
     )  # fmt: skip
 
 
-def informational(metric: str, baseline: float | None, canary: float | None, *, at: str, query: str) -> Measurement:
+def informational(
+    metric: str, baseline: float | None, canary: float | None, *, at: str, query: str | None
+) -> Measurement:
     return Measurement(
         metric=metric, phase="Successful", at=at, baseline=_finite(baseline), canary=_finite(canary), query=query,
         message="informational (does not gate the rollout)",

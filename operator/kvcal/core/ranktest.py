@@ -25,7 +25,9 @@ from statistics import NormalDist
 from typing import Literal
 
 from kvcal.core.analysis import (
+    Reading,
     RequestCounts,
+    RequestGate,
     assess_latency,
     latency_metric_name,
     quantile_from_buckets,
@@ -267,9 +269,8 @@ def assess_latency_check(
     if check.test == "rank" and pooled is not None:
         return assess_rank(check, spec, interval, pooled, look=look, requests=requests, at=at, query=query)
     baseline, canary = (_quantile(check.quantile, buckets) for buckets in interval)
-    return assess_latency(
-        check, baseline, canary, requests=requests, min_requests=spec.min_requests, at=at, query=query
-    )
+    gate = RequestGate(requests, spec.min_requests)
+    return assess_latency(check, Reading(baseline, canary, query), gate=gate, at=at)
 
 
 def look_number(spec: AnalysisSpec, step_seconds: float) -> int:

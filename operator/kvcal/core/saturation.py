@@ -61,7 +61,7 @@ def _verdict(check: SaturationCheck, baseline: Load, canary: Load, min_requests:
 
 
 def assess_saturation(
-    check: SaturationCheck, baseline: Load, canary: Load, *, min_requests: int, at: str, queries: dict[str, str]
+    check: SaturationCheck, baseline: Load, canary: Load, *, min_requests: int, at: str, queries: dict[str, str | None]
 ) -> list[Measurement]:
     """Per-role values (informational) and, with mode gate, one gating verdict."""
     out = [

@@ -25,12 +25,12 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import TracebackType
+from typing import Self
 
 import yaml
 
 from kvcal.devenv.pki import CertificateAuthority, KeyPair, service_account_keys
-from kvcal.local import cache_dir, free_port, stop_process_group
+from kvcal.local import LocalProcesses, cache_dir, free_port, stop_process_group
 
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
 SERVICE_CIDR = "10.0.0.0/24"
@@ -105,7 +105,7 @@ def write_kubeconfig(path: Path, server: str, ca: Path, client: KeyPair, user: s
     path.chmod(0o600)
 
 
-class ControlPlane:
+class ControlPlane(LocalProcesses):
     """`start()` (or `with ControlPlane() as cp:`); `stop()` kills the processes and removes the state."""
 
     def __init__(
@@ -131,7 +131,7 @@ class ControlPlane:
         self._ca: Path | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
-    def start(self, timeout: float = 120.0) -> "ControlPlane":
+    def start(self, timeout: float = 120.0) -> Self:
         needed = ("etcd", "kube-apiserver") + (("kube-controller-manager",) if self.controller_manager else ())
         missing = missing_binaries(self.bin_dir, needed)
         if missing:
@@ -200,14 +200,6 @@ class ControlPlane:
         self._procs.clear()
         if self._own_root:
             shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> "ControlPlane":
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def check_alive(self) -> None:
         """Raises naming the process that exited, with the end of its log."""

@@ -19,6 +19,7 @@ from kvcal.core.manifests.common import (
     canary_name,
     container_security_context,
     metadata,
+    service_in_front_of,
     volumes_and_mounts,
 )
 from kvcal.core.manifests.jobs import checkpoint_location
@@ -208,16 +209,8 @@ def keep_existing_selector(canary: Manifest, existing: Manifest) -> Manifest:
 def build_canary_service(owner: Owner, baseline_service: Manifest) -> Manifest:
     """A Service selecting only the canary pods (by kvcal's labels, which every router's canary carries): the target
     of Gateway API backendRefs."""
-    ports = [
-        {k: p[k] for k in ("name", "port", "targetPort", "protocol", "appProtocol") if k in p}
-        for p in baseline_service["spec"].get("ports", [])
-    ]
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": metadata(owner, canary_name(owner.name), "canary", {LABEL_ROLE: "canary"}),
-        "spec": {"type": "ClusterIP", "selector": canary_selector_labels(owner), "ports": ports},
-    }
+    meta = metadata(owner, canary_name(owner.name), "canary", {LABEL_ROLE: "canary"})
+    return service_in_front_of(meta, canary_selector_labels(owner), baseline_service)
 
 
 def promotion_marker(owner: Owner, spec_hash: str) -> str:

@@ -93,6 +93,18 @@ def metadata(owner: Owner, name: str, component: str, extra_labels: dict[str, st
     }
 
 
+def service_in_front_of(meta: Manifest, selector: dict[str, str], ports_from: Manifest) -> Manifest:
+    """A ClusterIP Service with ``ports_from``'s ports (the fields a copy may keep) selecting ``selector``'s pods."""
+    kept = ("name", "port", "targetPort", "protocol", "appProtocol")
+    ports = [{key: port[key] for key in kept if key in port} for port in ports_from["spec"].get("ports", [])]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {"type": "ClusterIP", "selector": selector, "ports": ports},
+    }
+
+
 def pod_security_context() -> Manifest:
     return {
         "runAsNonRoot": True,

@@ -28,6 +28,7 @@ from kvcal.core.manifests.common import (
     child_name,
     label_value,
     metadata,
+    service_in_front_of,
 )
 from kvcal.core.problems import NeedsFix
 
@@ -153,13 +154,5 @@ def build_canary_picker(owner: Owner, baseline_picker: Manifest) -> Manifest:
 
 def build_canary_picker_service(owner: Owner, baseline_picker_service: Manifest) -> Manifest:
     """The baseline picker Service's ports, in front of the canary's picker only."""
-    ports = [
-        {k: p[k] for k in ("name", "port", "targetPort", "protocol", "appProtocol") if k in p}
-        for p in baseline_picker_service["spec"].get("ports", [])
-    ]
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": metadata(owner, canary_picker_name(owner.name), "canary-picker", {LABEL_ROLE: PICKER_ROLE}),
-        "spec": {"type": "ClusterIP", "selector": picker_pod_labels(owner), "ports": ports},
-    }
+    meta = metadata(owner, canary_picker_name(owner.name), "canary-picker", {LABEL_ROLE: PICKER_ROLE})
+    return service_in_front_of(meta, picker_pod_labels(owner), baseline_picker_service)
