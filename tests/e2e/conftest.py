@@ -5,39 +5,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes import config
 
-from kvcal.adapters.kube import KubeClient
-from kvcal.adapters.router import GatewayApiRouter
-from tests.support.chart import install_chart, operator_policy, release_name, uninstall_chart
 from tests.support.cluster import Cluster
-from tests.support.kubelet import FakeKubelet
-from tests.support.world import HOST_PATHS_ALLOWED, FakeBackends, GatewayBackends, OperatorThread, World
+from tests.support.world import HOST_PATHS_ALLOWED, World, operated_world
 
 
 @pytest.fixture
 def world(
     control_plane: Cluster, crd_installed: str, namespace: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> Iterator[World]:
-    # The operator authenticates as the ServiceAccount of charts/kvcal installed with namespace-scoped RBAC; the
-    # harness (playing kubelet and the test's user) keeps the admin client. These specs mount this machine's folders
-    # (hostpath://), so the chart's policy allows host paths, as for a kind trial (tests/e2e/test_policy.py: the
-    # closed default).
-    values = {"rbac.scope": "namespace", **HOST_PATHS_ALLOWED}
-    release = install_chart(control_plane, namespace, release_name(), values, tmp_path)
-    kube = KubeClient(control_plane.api_client())
-    kubelet = FakeKubelet(kube, namespace, tmp_path, extra_env={"HF_HUB_OFFLINE": "1"}).start()
-    backends = FakeBackends()
-    operator = OperatorThread(release.kubeconfig, namespace, backends, operator_policy(control_plane, release))
-    operator.start()
-    try:
-        yield World(control_plane, namespace, kube, kubelet, operator, backends, tmp_path / "out")
-        forbidden = [r.getMessage() for r in caplog.records if "forbidden" in r.getMessage().lower()]
-        assert not forbidden, f"the chart's RBAC refused the operator: {forbidden[:3]}"
-    finally:
-        operator.stop()
-        kubelet.stop()
-        uninstall_chart(control_plane, release)
+    # These specs mount this machine's folders (hostpath://), so the chart's policy allows host paths, as for a kind
+    # trial (tests/e2e/test_policy.py: the closed default).
+    yield from operated_world(
+        control_plane, namespace, tmp_path, caplog, values=HOST_PATHS_ALLOWED, kubelet_env={"HF_HUB_OFFLINE": "1"}
+    )
 
 
 @pytest.fixture(scope="session")
@@ -58,20 +39,6 @@ def gateway_world(
 ) -> Iterator[World]:
     """The World with the real HTTPRoute router under the chart's ServiceAccount and held metrics (the analysis keeps
     running); the test module installs the Gateway API CRDs it needs."""
-    values = {"rbac.scope": "namespace", **HOST_PATHS_ALLOWED}  # the specs mount this machine's folders
-    release = install_chart(control_plane, namespace, release_name(), values, tmp_path)
-    kube = KubeClient(control_plane.api_client())
-    kubelet = FakeKubelet(kube, namespace, tmp_path).start()
-    sa_api = config.new_client_from_config(config_file=str(release.kubeconfig))  # type: ignore[no-untyped-call]
-    backends = GatewayBackends(router_fake=GatewayApiRouter(sa_api))
-    backends.metrics_fake.held.set()
-    operator = OperatorThread(release.kubeconfig, namespace, backends, operator_policy(control_plane, release))
-    operator.start()
-    try:
-        yield World(control_plane, namespace, kube, kubelet, operator, backends, tmp_path / "out")
-        forbidden = [r.getMessage() for r in caplog.records if "forbidden" in r.getMessage().lower()]
-        assert not forbidden, f"the chart's RBAC refused the operator: {forbidden[:3]}"
-    finally:
-        operator.stop()
-        kubelet.stop()
-        uninstall_chart(control_plane, release)
+    yield from operated_world(
+        control_plane, namespace, tmp_path, caplog, values=HOST_PATHS_ALLOWED, gateway_router=True
+    )

@@ -35,6 +35,7 @@ from tests.support.world import (
     GatewayBackends,
     OperatorThread,
     World,
+    baseline,
     dataset_configmap,
     kvcalibration,
 )
@@ -106,37 +107,11 @@ def gw_world(control_plane: Cluster, crd_installed: str, namespace: str, tmp_pat
 def echo_baseline(model_dir: Path, replicas: int) -> list[dict[str, Any]]:
     """test_lifecycle's baseline with the echo server as its container (vLLM's flags, so the canary's rewrite
     applies) and a second pod label the Service does not select."""
-    labels = {"app": "llm"}
-    container = {
-        "name": "vllm",
-        "image": "vllm/vllm-openai:v0.32.0",
-        "command": ["python3", str(ECHO)],
-        "args": ["--model", "/models/smollm2", "--port", "8000"],
-        "ports": [{"containerPort": 8000, "name": "http"}],
-        "volumeMounts": [{"name": "models", "mountPath": "/models/smollm2"}],
-    }
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "llm", "labels": labels},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": {**labels, **SERVED}},
-                "spec": {
-                    "containers": [container],
-                    "volumes": [{"name": "models", "hostPath": {"path": str(model_dir)}}],
-                },
-            },
-        },
-    }
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "llm"},
-        "spec": {"selector": labels, "ports": [{"name": "http", "port": 80, "targetPort": 8000}]},
-    }
+    deployment, service = baseline(model_dir, replicas)
+    template = deployment["spec"]["template"]
+    template["metadata"]["labels"] = {**template["metadata"]["labels"], **SERVED}
+    container = template["spec"]["containers"][0]
+    container.update(command=["python3", str(ECHO)], args=["--model", "/models/smollm2", "--port", "8000"])
     return [deployment, service]
 
 

@@ -14,32 +14,26 @@ gateway), which nothing here can run; docs/concepts.md says so.
 """
 
 import os
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client, config
+from kubernetes import client
 
-from kvcal.adapters.kube import KubeClient
-from kvcal.adapters.router import INFERENCE_POOL, GatewayApiRouter, canary_share
+from kvcal.adapters.router import INFERENCE_POOL, canary_share
 from kvcal.core.endpoints import pod_ready
-from kvcal.ports import Router, Target
-from tests.support.chart import install_chart, operator_policy, release_name, uninstall_chart
 from tests.support.cluster import Cluster, wait_for
-from tests.support.kubelet import FakeKubelet
+from tests.support.recorder import PollingRecorder
 from tests.support.world import (
     HOST_PATHS_ALLOWED,
-    FakeBackends,
-    OperatorThread,
     World,
     baseline,
     dataset_configmap,
     kvcalibration,
+    operated_world,
 )
 
 pytestmark = pytest.mark.cluster
@@ -59,16 +53,6 @@ TRAFFIC = {"router": "inference-pool", "httpRoute": "llm", "inferencePool": "llm
 PICKER_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.0.0"
 
 
-@dataclass
-class PoolBackends(FakeBackends):
-    """FakeBackends (the analysis passes unless `held`) with the real HTTPRoute router under the chart's SA."""
-
-    router_real: GatewayApiRouter | None = None
-
-    def router(self, target: Target) -> Router | None:
-        return self.router_real
-
-
 def install_crds(cluster: Cluster) -> None:
     missing = [str(path) for path in CRDS.values() if not path.exists()]
     assert not missing, f"{missing} missing: run `make inference-crds` (hack/fetch-inference-crds.sh)"
@@ -77,42 +61,23 @@ def install_crds(cluster: Cluster) -> None:
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
 
 
-def make_world(
-    cluster: Cluster, namespace: str, tmp_path: Path, values: dict[str, str], caplog: pytest.LogCaptureFixture
-) -> Iterator[World]:
-    install_crds(cluster)
-    release = install_chart(cluster, namespace, release_name(), {"rbac.scope": "namespace", **values}, tmp_path)
-    kube = KubeClient(cluster.api_client())
-    kubelet = FakeKubelet(kube, namespace, tmp_path).start()
-    sa_api = config.new_client_from_config(config_file=str(release.kubeconfig))  # type: ignore[no-untyped-call]
-    backends = PoolBackends(router_real=GatewayApiRouter(sa_api))
-    backends.metrics_fake.held.set()
-    operator = OperatorThread(release.kubeconfig, namespace, backends, operator_policy(cluster, release))
-    operator.start()
-    try:
-        yield World(cluster, namespace, kube, kubelet, operator, backends, tmp_path / "out")
-        forbidden = [r.getMessage() for r in caplog.records if "forbidden" in r.getMessage().lower()]
-        assert not forbidden, f"the chart's RBAC refused the operator: {forbidden[:3]}"
-    finally:
-        operator.stop()
-        kubelet.stop()
-        uninstall_chart(cluster, release)
-
-
 @pytest.fixture
 def world(
     control_plane: Cluster, crd_installed: str, namespace: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> Iterator[World]:
-    yield from make_world(
-        control_plane, namespace, tmp_path, {"rbac.inferencePool": "true", **HOST_PATHS_ALLOWED}, caplog
-    )
+    install_crds(control_plane)
+    values = {"rbac.inferencePool": "true", **HOST_PATHS_ALLOWED}
+    yield from operated_world(control_plane, namespace, tmp_path, caplog, values=values, gateway_router=True)
 
 
 @pytest.fixture
 def refusing_world(
     control_plane: Cluster, crd_installed: str, namespace: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> Iterator[World]:
-    yield from make_world(control_plane, namespace, tmp_path, dict(HOST_PATHS_ALLOWED), caplog)  # the chart default
+    install_crds(control_plane)  # rbac.inferencePool: the chart default (false)
+    yield from operated_world(
+        control_plane, namespace, tmp_path, caplog, values=HOST_PATHS_ALLOWED, gateway_router=True
+    )
 
 
 def custom(w: World) -> client.CustomObjectsApi:
@@ -175,43 +140,31 @@ def to_deploying(w: World, name: str, model: Path, **spec: Any) -> None:
                       "-p", yaml.safe_dump({"status": status}))  # fmt: skip
 
 
-class Recorder:
+class Recorder(PollingRecorder):
     """Polls the HTTPRoute and the canary's pool: every canary weight seen (in order), and whether the canary pool
     had ready endpoints whenever the route gave it weight, and the weight when the pool was first seen gone."""
 
     def __init__(self, w: World, name: str) -> None:
+        super().__init__()
         self.w, self.name = w, name
         self.weights: list[int] = []
         self.weight_without_endpoints: list[int] = []
         self.pool_seen = False
         self.weight_when_pool_gone: int | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "Recorder":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        canary = f"{self.name}-canary"
-        while not self._stop.is_set():
-            canary_pool = pool(self.w, canary)
-            weight = canary_weight(self.w, self.name)
-            if not self.weights or self.weights[-1] != weight:
-                self.weights.append(weight)
-            if weight > 0:
-                selector = (canary_pool or {}).get("spec", {}).get("selector", {}).get("matchLabels")
-                if not selector or not ready_pods(self.w, selector):
-                    self.weight_without_endpoints.append(weight)
-            if canary_pool is not None:
-                self.pool_seen = True
-            elif self.pool_seen and self.weight_when_pool_gone is None:
-                self.weight_when_pool_gone = canary_weight(self.w, self.name)
-            self._stop.wait(0.05)  # poll period of the recorder
+    def poll(self) -> None:
+        canary_pool = pool(self.w, f"{self.name}-canary")
+        weight = canary_weight(self.w, self.name)
+        if not self.weights or self.weights[-1] != weight:
+            self.weights.append(weight)
+        if weight > 0:
+            selector = (canary_pool or {}).get("spec", {}).get("selector", {}).get("matchLabels")
+            if not selector or not ready_pods(self.w, selector):
+                self.weight_without_endpoints.append(weight)
+        if canary_pool is not None:
+            self.pool_seen = True
+        elif self.pool_seen and self.weight_when_pool_gone is None:
+            self.weight_when_pool_gone = canary_weight(self.w, self.name)
 
 
 def wait_weight(w: World, name: str, weight: int, timeout: float = 60) -> None:

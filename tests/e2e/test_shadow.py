@@ -20,7 +20,7 @@ from kubernetes import client
 from kvcal.adapters.router import canary_share, mirror_share
 from kvcal.core.traffic import MIRROR_FEATURE, PERCENTAGE_MIRROR_FEATURE
 from tests.support.cluster import Cluster, wait_for
-from tests.support.gateway_crds import GATEWAY_API, install_gateway_api_crds
+from tests.support.gateway_crds import GATEWAY_API, httproute_rules, install_gateway_api_crds
 from tests.support.world import (
     World,
     baseline,
@@ -44,9 +44,7 @@ def api(w: World) -> client.CustomObjectsApi:
 
 
 def route_rules(w: World) -> list[dict[str, Any]]:
-    obj: dict[str, Any] = api(w).get_namespaced_custom_object(*GATEWAY_API, w.namespace, "httproutes", "llm")  # type: ignore[assignment]
-    rules: list[dict[str, Any]] = obj["spec"]["rules"]
-    return rules
+    return httproute_rules(w.cluster, w.namespace)
 
 
 def gateway(w: World, class_name: str, features: list[str]) -> list[dict[str, Any]]:

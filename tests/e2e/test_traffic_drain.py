@@ -7,7 +7,6 @@ GatewayApiRouter; the phases before Deploying are skipped by writing status (the
 in test_lifecycle): the operator only ever acts on what it reads.
 """
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,8 @@ from kubernetes import client
 from kvcal.adapters.router import canary_share
 from tests.support.cluster import Cluster, wait_for
 from tests.support.gateway_api import HTTPROUTE_CRD
+from tests.support.gateway_crds import GATEWAY_API, httproute_rules
+from tests.support.recorder import PollingRecorder
 from tests.support.world import (
     World,
     baseline,
@@ -27,7 +28,6 @@ from tests.support.world import (
 )
 
 pytestmark = pytest.mark.cluster
-ROUTE_API = ("gateway.networking.k8s.io", "v1")
 DRAIN_SECONDS = 3
 TRAFFIC = {"router": "gateway-api", "httpRoute": "llm", "steps": [30], "drainDelay": f"{DRAIN_SECONDS}s"}
 
@@ -44,9 +44,7 @@ def routes(w: World) -> client.CustomObjectsApi:
 
 
 def route_rules(w: World) -> list[dict[str, Any]]:
-    obj: dict[str, Any] = routes(w).get_namespaced_custom_object(*ROUTE_API, w.namespace, "httproutes", "llm")  # type: ignore[assignment]
-    rules: list[dict[str, Any]] = obj["spec"]["rules"]
-    return rules
+    return httproute_rules(w.cluster, w.namespace)
 
 
 def canary_weight(w: World, name: str) -> int:
@@ -61,7 +59,7 @@ def analyzing(w: World, name: str, tmp_path: Path) -> None:
         w.apply(m)
     route = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "llm"},
              "spec": {"rules": [{"backendRefs": [{"name": "llm", "port": 80}]}]}}  # fmt: skip
-    routes(w).create_namespaced_custom_object(*ROUTE_API, w.namespace, "httproutes", route)
+    routes(w).create_namespaced_custom_object(*GATEWAY_API, w.namespace, "httproutes", route)
     w.kubelet.hold("calibration")
     serving = {"baseline": {"deployment": "llm", "service": "llm"}, "traffic": TRAFFIC}
     w.apply(kvcalibration(name, model, w.out, serving=serving))
@@ -76,35 +74,24 @@ def analyzing(w: World, name: str, tmp_path: Path) -> None:
     assert canary_weight(w, name) == 30
 
 
-class Recorder:
+class Recorder(PollingRecorder):
     """Polls the HTTPRoute and the canary Service and records when each change was first seen."""
 
     def __init__(self, w: World, name: str) -> None:
+        super().__init__()
         self.w, self.name = w, name
         self.route_zero_at: float | None = None
         self.service_gone_at: float | None = None
         self.weight_when_service_gone: int | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "Recorder":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            weight = canary_weight(self.w, self.name)
-            service = self.w.kube.get("Service", self.w.namespace, f"{self.name}-canary")
-            now = time.monotonic()
-            if weight == 0 and self.route_zero_at is None:
-                self.route_zero_at = now
-            if service is None and self.service_gone_at is None:
-                self.service_gone_at, self.weight_when_service_gone = now, weight
-            self._stop.wait(0.05)  # poll period of the recorder
+    def poll(self) -> None:
+        weight = canary_weight(self.w, self.name)
+        service = self.w.kube.get("Service", self.w.namespace, f"{self.name}-canary")
+        now = time.monotonic()
+        if weight == 0 and self.route_zero_at is None:
+            self.route_zero_at = now
+        if service is None and self.service_gone_at is None:
+            self.service_gone_at, self.weight_when_service_gone = now, weight
 
     def assert_routed_away_then_drained(self) -> None:
         assert self.route_zero_at is not None and self.service_gone_at is not None
@@ -160,7 +147,7 @@ def test_route_edited_during_analysis_is_reported_and_put_back(world: World, tmp
     for ref in rules[0]["backendRefs"]:
         ref["weight"] = 40 if ref["name"] == f"{name}-canary" else 60
     patch = {"spec": {"rules": rules}}
-    routes(w).patch_namespaced_custom_object(*ROUTE_API, w.namespace, "httproutes", "llm", patch,
+    routes(w).patch_namespaced_custom_object(*GATEWAY_API, w.namespace, "httproutes", "llm", patch,
                                              _content_type="application/merge-patch+json")  # fmt: skip
     wait_for(lambda: "WeightDrift" in w.events(name), 30, "a WeightDrift event")
     wait_for(lambda: canary_weight(w, name) == 30, 30, "the HTTPRoute back at 30% on the canary")

@@ -9,7 +9,7 @@ from typing import Any
 from kvcal.core.manifests import Owner, calibration_job_name, canary_name, verification_job_name
 from kvcal.core.manifests.canary import PROMOTED_ANNOTATION, fp8_pod_spec, promotion_marker
 from kvcal.core.manifests.common import DEFAULT_CALIBRATOR_IMAGE
-from kvcal.core.observations import DeploymentState, JobState, Observations
+from kvcal.core.observations import Create, Decision, Delete, DeploymentState, JobState, Observations, SetWeight
 from kvcal.core.policy import Policy
 from kvcal.core.spechash import spec_hash
 from kvcal.models.spec import KVCalibrationSpec
@@ -215,3 +215,16 @@ def started(phase: Phase) -> KVCalibrationStatus:
         canary=CanaryStatus(deployment="smollm2-canary", step_index=0),
         analysis=AnalysisStatus(started_at="2026-01-02T03:00:00Z"),
     )
+
+
+def actions(decision: Decision) -> list[str]:
+    """The weight, create and delete actions of a decision, in order, as short strings."""
+    out = []
+    for action in decision.actions:
+        if isinstance(action, SetWeight):
+            out.append(f"SetWeight {action.weight}")
+        elif isinstance(action, Delete):
+            out.append(f"Delete {action.kind}/{action.name}")
+        elif isinstance(action, Create):
+            out.append(f"Create {action.manifest['kind']}/{action.manifest['metadata']['name']}")
+    return out

@@ -3,6 +3,9 @@ beside the gateway it builds (hack/build-gateway.sh), installed into a test cont
 
 import os
 from pathlib import Path
+from typing import Any
+
+from kubernetes import client
 
 from tests.support import prereq
 from tests.support.cluster import Cluster
@@ -23,3 +26,11 @@ def install_gateway_api_crds(cluster: Cluster) -> None:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
     for name in ("gatewayclasses", "gateways", "httproutes"):
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}.gateway.networking.k8s.io")
+
+
+def httproute_rules(cluster: Cluster, namespace: str, name: str = "llm") -> list[dict[str, Any]]:
+    """An HTTPRoute's rules as the API server stores them (the real schema fills in defaults)."""
+    api = client.CustomObjectsApi(cluster.api_client())
+    route: dict[str, Any] = api.get_namespaced_custom_object(*GATEWAY_API, namespace, "httproutes", name)  # type: ignore[assignment]
+    rules: list[dict[str, Any]] = route["spec"]["rules"]
+    return rules

@@ -4,6 +4,7 @@ The fixtures that build a World are in tests/e2e/conftest.py."""
 
 import math
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +27,7 @@ from kvcal.models.spec import AnalysisSpec
 from kvcal.models.status import Measurement
 from kvcal.ports import Manifest, MetricsSource, Probes, Router, Target
 from kvcal.services.reconciler import Reconciler
+from tests.support.chart import install_chart, operator_policy, release_name, uninstall_chart
 from tests.support.cluster import Cluster, wait_for
 from tests.support.kubelet import FakeKubelet
 
@@ -291,3 +293,37 @@ def setup_namespace(cluster: Cluster, namespace: str, model: Path) -> None:
     model.mkdir(exist_ok=True)
     for m in [*baseline(model, replicas=1), dataset_configmap()]:
         cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(m))
+
+
+def operated_world(
+    cluster: Cluster,
+    namespace: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    *,
+    values: dict[str, str],
+    gateway_router: bool = False,
+    kubelet_env: dict[str, str] | None = None,
+) -> Iterator[World]:
+    """A World whose operator authenticates as the ServiceAccount of charts/kvcal installed with namespace-scoped RBAC
+    and ``values`` (the harness, playing kubelet and the test's user, keeps the admin client); with
+    ``gateway_router``, the real HTTPRoute router under that ServiceAccount and held metrics (the analysis keeps
+    running). Fails the test if the chart's RBAC refused the operator anything."""
+    release = install_chart(cluster, namespace, release_name(), {"rbac.scope": "namespace", **values}, tmp_path)
+    kube = KubeClient(cluster.api_client())
+    kubelet = FakeKubelet(kube, namespace, tmp_path, extra_env=kubelet_env).start()
+    backends: FakeBackends = FakeBackends()
+    if gateway_router:
+        sa_api = config.new_client_from_config(config_file=str(release.kubeconfig))  # type: ignore[no-untyped-call]
+        backends = GatewayBackends(router_fake=GatewayApiRouter(sa_api))
+        backends.metrics_fake.held.set()
+    operator = OperatorThread(release.kubeconfig, namespace, backends, operator_policy(cluster, release))
+    operator.start()
+    try:
+        yield World(cluster, namespace, kube, kubelet, operator, backends, tmp_path / "out")
+        forbidden = [r.getMessage() for r in caplog.records if "forbidden" in r.getMessage().lower()]
+        assert not forbidden, f"the chart's RBAC refused the operator: {forbidden[:3]}"
+    finally:
+        operator.stop()
+        kubelet.stop()
+        uninstall_chart(cluster, release)

@@ -11,12 +11,12 @@ from kvcal.adapters.router import canary_share
 from kvcal.core.decide import decide
 from kvcal.core.deletion import decide_deletion
 from kvcal.core.manifests import canary_name
-from kvcal.core.observations import Decision, Delete, DeploymentState, SetWeight
+from kvcal.core.observations import DeploymentState
 from kvcal.core.spechash import spec_hash
 from kvcal.models.status import AnalysisStatus, CalibrationStatus, CanaryStatus, KVCalibrationStatus, Phase
 from kvcal.ports import MetricsSource, Probes, Router, Target
 from kvcal.services.reconciler import Reconciler
-from tests.support.decide import NOW, OWNER, baseline, observations, spec
+from tests.support.decide import NOW, OWNER, actions, baseline, observations, spec
 from tests.support.fakekube import FakeKube, kvcal
 
 P = Phase
@@ -28,16 +28,6 @@ GATEWAY = spec(
     }
 )
 DELETES = [f"Delete Deployment/{CANARY}", f"Delete Service/{CANARY}"]
-
-
-def actions(d: Decision) -> list[str]:
-    out = []
-    for a in d.actions:
-        if isinstance(a, SetWeight):
-            out.append(f"SetWeight {a.weight}")
-        elif isinstance(a, Delete):
-            out.append(f"Delete {a.kind}/{a.name}")
-    return out
 
 
 def canary() -> DeploymentState:

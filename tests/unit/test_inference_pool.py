@@ -20,7 +20,7 @@ from kvcal.core.manifests.pool import (
     picker_deployment,
     picker_service_name,
 )
-from kvcal.core.observations import Create, Decision, Delete, DeploymentState, PoolState, SetWeight
+from kvcal.core.observations import Delete, DeploymentState, PoolState, SetWeight
 from kvcal.core.policy import Policy
 from kvcal.core.problems import NeedsFix
 from kvcal.core.spechash import spec_hash
@@ -31,6 +31,7 @@ from tests.support.decide import (
     NOW,
     OWNER,
     POLICY,
+    actions,
     baseline,
     baseline_manifest,
     baseline_service,
@@ -85,18 +86,6 @@ def start(
         canary=CanaryStatus(deployment=CANARY, weight=weight, ready_replicas=1, step_index=step),
         analysis=AnalysisStatus(started_at="2026-01-02T03:00:00Z"),
     )
-
-
-def actions(d: Decision) -> list[str]:
-    out = []
-    for a in d.actions:
-        if isinstance(a, SetWeight):
-            out.append(f"SetWeight {a.weight}")
-        elif isinstance(a, Delete):
-            out.append(f"Delete {a.kind}/{a.name}")
-        elif isinstance(a, Create):
-            out.append(f"Create {a.manifest['kind']}/{a.manifest['metadata']['name']}")
-    return out
 
 
 # --- weights per step ------------------------------------------------------------------------------------------------
