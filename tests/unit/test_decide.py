@@ -312,7 +312,7 @@ CASES = [
         ANALYZING,
         {"canary": canary(), "gates": {ABORT_ANNOTATION: "1"}},
         P.ROLLING_BACK,
-        [f"Clear {ABORT_ANNOTATION}"],
+        [f"Clear {ABORT_ANNOTATION}", "SetWeight 0"],  # off the canary at once; RollingBack reads it back
         ["Aborted"],
     ),
     Case(

@@ -24,6 +24,7 @@ from kvcal.core.observations import (
     Decision,
     Delete,
     Observations,
+    SetWeight,
 )
 from kvcal.core.phases import LIFECYCLE, Lifecycle
 from kvcal.core.policy import Violation, check
@@ -158,6 +159,8 @@ def _on_gates(draft: Builder, spec: KVCalibrationSpec) -> None:
     if gates.get(ABORT_ANNOTATION):
         draft.clear(ABORT_ANNOTATION)
         if draft.phase in lifecycle.acts_on("abort"):
+            if lifecycle[draft.phase].serving:  # off the canary in this pass; RollingBack reads it back and drains
+                draft.do(SetWeight(0))
             draft.condition("AnalysisPassed", "False", "Aborted", "aborted by the kvcal.dev/abort annotation")
             draft.move(Phase.ROLLING_BACK, "Aborted", "aborted by the kvcal.dev/abort annotation: rolling back")
         elif draft.phase != Phase.ROLLING_BACK:  # RollingBack: the abort's own effect, seen again after a restart
