@@ -2,9 +2,9 @@
 
 Under CI (the environment variable CI set to anything but "", "false" or "0") a green run must mean every headline
 test ran, so a prerequisite CI forgot to install (a binary, a package) fails the run instead of vanishing into the
-skip count. A CPU feature is different: no install adds AVX-512, and CI's machine is drawn from a pool with and
-without it, so `require_hardware` skips (the reason in pytest's -ra summary) unless KVCAL_REQUIRE_HARDWARE is set,
-for a CI known to run on such CPUs.
+skip count. The same holds for hardware (`require_hardware`: AVX-512 for vLLM's FP8 KV on CPU, GPUs): under CI a
+missing feature fails the run, so a green run never hides untested FP8 paths; on a workstation it skips, unless
+KVCAL_REQUIRE_HARDWARE is set.
 """
 
 import importlib
@@ -34,12 +34,13 @@ def require(available: object, reason: str) -> None:
 
 
 def require_hardware(available: object, reason: str) -> None:
-    """Return when ``available`` is truthy; else skip, CI or not, unless KVCAL_REQUIRE_HARDWARE is set (then fail)."""
+    """Return when ``available`` is truthy; else fail under CI or with KVCAL_REQUIRE_HARDWARE, skip elsewhere."""
     if available:
         return
-    if _set(HARDWARE_ENV):
+    if in_ci() or _set(HARDWARE_ENV):
         pytest.fail(
-            f"missing hardware ({HARDWARE_ENV} is set, so this fails instead of skipping): {reason}", pytrace=False
+            f"missing hardware (CI or {HARDWARE_ENV} is set, so this fails instead of skipping): {reason}",
+            pytrace=False,
         )
     pytest.skip(f"this machine's hardware: {reason}")
 
