@@ -39,7 +39,7 @@ from kvcal.models.status import AnalysisStatus, Measurement
 # vLLM 0.32's time_to_first_token_seconds buckets (tests/data/vllm-0.32-metrics.txt).
 TTFT_BUCKETS = np.array([0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                          20.0, 40.0, 80.0, 160.0, 640.0, 2560.0])  # fmt: skip
-LOAD_SIGMA, POD_SIGMA = 0.15, 0.02
+LOAD_SIGMA, NODE_SIGMA = 0.15, 0.02
 REGRESSION = 1.15
 QUANTILE = 0.95
 BASELINE_SHARE = 9  # baseline requests per canary request (10% canary weight)
@@ -80,13 +80,30 @@ SCENARIOS = {
 }
 
 
+@dataclass(frozen=True)
+class Pods:
+    """Where the requests run: pods per role, and what moves one pod on its own."""
+
+    baseline: int = 9  # the replicas router at 10%: 1 canary pod beside 9 baseline pods
+    canary: int = 1
+    own: float = 0.0  # lognormal sigma of each pod's own per-interval load (its queue, its batch mix)
+    node: float = NODE_SIGMA  # lognormal sigma of each pod's fixed offset (its node)
+
+
+TODAY = Pods()
+
+
 @dataclass
 class Side:
-    counts: np.ndarray  # runs x intervals x buckets (+Inf last), per interval
-    pooled: np.ndarray  # the same, summed since the step's first interval
+    counts: np.ndarray  # runs x intervals x buckets (+Inf last), per interval, the role's pods summed
+    pods: np.ndarray  # runs x intervals x pods x buckets, per pod, summed since the step's first interval
     log_sum: np.ndarray  # runs x intervals, pooled: sum, sum of squares and count of log latencies (oracle)
     log_squares: np.ndarray
     n: np.ndarray
+
+    @property
+    def pooled(self) -> np.ndarray:
+        return self.pods.sum(axis=2)
 
 
 @dataclass
@@ -96,40 +113,48 @@ class Simulation:
 
 
 def side(rng: np.random.Generator, scenario: Scenario, n: np.ndarray, scale: np.ndarray, tail: float) -> Side:
-    runs, intervals = n.shape
-    owner = np.repeat(np.arange(runs * intervals), n.ravel())
+    """``n`` and ``scale``: runs x intervals x pods."""
+    runs, intervals, pods = n.shape
+    cells = runs * intervals * pods
+    owner = np.repeat(np.arange(cells), n.ravel())
     samples = scenario.draw(rng, int(n.sum()))
     if tail != 1.0:
         samples = np.where(samples > np.quantile(scenario.draw(np.random.default_rng(1), 200_000), 0.99),
                            samples * tail, samples)  # fmt: skip
     samples = samples * scale.ravel()[owner]
     index = np.searchsorted(TTFT_BUCKETS, samples, side="left")  # le: value <= bound
-    counts = np.zeros((runs * intervals, len(TTFT_BUCKETS) + 1), dtype=np.int64)
+    counts = np.zeros((cells, len(TTFT_BUCKETS) + 1), dtype=np.int64)
     np.add.at(counts, (owner, index), 1)
     logs = np.log(samples)
-    cells = runs * intervals
-    log_sum = np.bincount(owner, logs, cells).reshape(runs, intervals)
-    log_squares = np.bincount(owner, logs * logs, cells).reshape(runs, intervals)
-    counts = counts.reshape(runs, intervals, -1)
+    interval_of = owner // pods
+    log_sum = np.bincount(interval_of, logs, runs * intervals).reshape(runs, intervals)
+    log_squares = np.bincount(interval_of, logs * logs, runs * intervals).reshape(runs, intervals)
+    counts = counts.reshape(runs, intervals, pods, -1)
     return Side(
-        counts=counts,
-        pooled=counts.cumsum(axis=1),
+        counts=counts.sum(axis=2),
+        pods=counts.cumsum(axis=1),
         log_sum=log_sum.cumsum(axis=1),
         log_squares=log_squares.cumsum(axis=1),
-        n=n.cumsum(axis=1),
+        n=n.sum(axis=2).cumsum(axis=1),
     )
 
 
-def simulate(rng: np.random.Generator, scenario: Scenario, runs: int, canary: float, regressed: bool) -> Simulation:
-    n_canary = rng.poisson(canary, (runs, MAX_INTERVALS))
-    n_baseline = rng.poisson(canary * BASELINE_SHARE, (runs, MAX_INTERVALS))
-    load = np.exp(rng.normal(0.0, LOAD_SIGMA, (runs, MAX_INTERVALS)))
-    pod = np.exp(rng.normal(0.0, POD_SIGMA, (runs, 1)))
+def simulate(
+    rng: np.random.Generator, scenario: Scenario, runs: int, canary: float, regressed: bool, pods: Pods = TODAY
+) -> Simulation:
+    load = np.exp(rng.normal(0.0, LOAD_SIGMA, (runs, MAX_INTERVALS, 1)))  # shared by every pod of both roles
     uniform = REGRESSION if regressed and not scenario.tail_only else 1.0
     tail = 1.5 if regressed and scenario.tail_only else 1.0
+    roles = []
+    for count, requests, factor in ((pods.baseline, canary * BASELINE_SHARE, 1.0), (pods.canary, canary, uniform)):
+        n = rng.poisson(requests / count, (runs, MAX_INTERVALS, count))
+        node = np.exp(rng.normal(0.0, pods.node, (runs, 1, count)))
+        own = np.exp(rng.normal(0.0, pods.own, (runs, MAX_INTERVALS, count)))
+        roles.append((n, load * node * own * factor))
+    (n_baseline, baseline_scale), (n_canary, canary_scale) = roles
     return Simulation(
-        baseline=side(rng, scenario, n_baseline, load, 1.0),
-        canary=side(rng, scenario, n_canary, load * pod * uniform, tail),
+        baseline=side(rng, scenario, n_baseline, baseline_scale, 1.0),
+        canary=side(rng, scenario, n_canary, canary_scale, tail),
     )
 
 
@@ -157,7 +182,8 @@ def operator_decider(spec: AnalysisSpec) -> Decider:
                 operator_check(
                     check, spec,
                     (as_buckets(base.counts[run, interval]), as_buckets(canary.counts[run, interval])),
-                    (as_buckets(base.pooled[run, interval]), as_buckets(canary.pooled[run, interval])),
+                    ([as_buckets(pod) for pod in base.pods[run, interval]],
+                     [as_buckets(pod) for pod in canary.pods[run, interval]]),
                     look=interval + 1, requests=requests, at=at,
                 ),
             ]  # fmt: skip
@@ -174,6 +200,7 @@ def oracle_decider(spec: AnalysisSpec) -> Decider:
     """The rank test's design on a Welch t-test of raw log latencies (pooled since the step began)."""
     plan = design(spec.latency[0], spec)
     slower, within = math.log(1 + plan.rollback_tolerance), math.log(1 + plan.promote_tolerance)
+    healthy, regressed = math.log(1 + plan.healthy_tolerance), math.log(1 + plan.regressed_tolerance)
 
     def roll_out(sim: Simulation, run: int) -> tuple[str, int]:
         status = AnalysisStatus()
@@ -192,10 +219,12 @@ def oracle_decider(spec: AnalysisSpec) -> Decider:
                 deviation = math.sqrt(var_base / n_base + var_canary / n_canary)
                 z_slower = (mean_canary - mean_base - slower) / deviation
                 z_within = (mean_canary - mean_base - within) / deviation
-                rollback_critical, promote_critical = plan.critical(interval + 1)
+                rollback_critical, healthy_critical, promote_critical, regressed_critical = plan.critical(interval + 1)
+                z_healthy = (mean_canary - mean_base - healthy) / deviation
+                z_regressed = (mean_canary - mean_base - regressed) / deviation
                 phase = (
-                    "Failed" if z_slower >= rollback_critical
-                    else "Successful" if z_within <= -promote_critical
+                    "Failed" if z_slower >= rollback_critical and z_healthy >= healthy_critical
+                    else "Successful" if z_within <= -promote_critical and z_regressed <= -regressed_critical
                     else "Undecided"
                 )  # fmt: skip
             measured = [Measurement(metric="ttft-mean", phase=phase, at=f"t{interval}")]  # type: ignore[arg-type]
@@ -241,60 +270,93 @@ def histogram_quantile(q: float, counts: np.ndarray) -> float:
 
 
 def evaluate(decider: Decider, regressed: Simulation, healthy: Simulation, runs: int) -> dict[str, float]:
-    detect3 = false = promoted = 0
+    """Percentages of rollouts: regressed ones rolled back within 3 and 10 intervals and promoted; healthy ones
+    rolled back (Failed), undecided (the rank test's last look passed: onUndecided decides) and promoted."""
+    tally = dict.fromkeys(("detect3", "detect10", "missed", "false", "undecided", "promoted"), 0)
     for run in range(runs):
         outcome, used = decider(regressed, run)
-        detect3 += outcome == "Failed" and used <= 3
+        tally["detect3"] += outcome == "Failed" and used <= 3
+        tally["detect10"] += outcome == "Failed" and used <= 10
+        tally["missed"] += outcome == "Passed"
         outcome, used = decider(healthy, run)
-        false += outcome == "Failed"
-        promoted += outcome == "Passed"
-    return {"detect3": 100 * detect3 / runs, "false": 100 * false / runs, "promoted": 100 * promoted / runs}
+        tally["false"] += outcome == "Failed"
+        tally["undecided"] += outcome == "Undecided"
+        tally["promoted"] += outcome == "Passed"
+    return {key: 100 * count / runs for key, count in tally.items()}
+
+
+HEADER = (
+    f"{'scenario':<15} {'req/ivl':>7} {'pods b+c':>8} {'own':>5} {'node':>5}  {'method':<32} {'detect<=3':>9} "
+    f"{'<=10':>6} {'promoted regr.':>14} {'false':>6} {'undecided':>9} {'promoted':>8}"
+)
+
+
+def row(scenario: str, canary: int, pods: Pods, method: str, result: dict[str, float]) -> str:
+    return (
+        f"{scenario:<15} {canary:>7,} {f'{pods.baseline}+{pods.canary}':>8} {pods.own:>5.2f} {pods.node:>5.2f}  "
+        f"{method:<32} {result['detect3']:8.1f}% {result['detect10']:5.1f}% {result['missed']:13.1f}% "
+        f"{result['false']:5.1f}% {result['undecided']:8.1f}% {result['promoted']:7.1f}%"
+    )
+
+
+# (scenario, canary requests per interval, pods, every method or the operator's only)
+TODAY_ROWS = [("lognormal", n, TODAY, True) for n in (60, 150, 300, 600, 1500)] + [
+    ("heavy tail", 300, TODAY, True), ("bimodal", 300, TODAY, True), ("p99-only", 300, TODAY, True),
+    ("p99-only", 1500, TODAY, True),
+]  # fmt: skip
+NOISE_ROWS = [
+    *(("lognormal", 300, Pods(baseline=4, own=own, node=node), False)
+      for own in (0.0, 0.05, 0.10, 0.20) for node in (0.02, 0.05)),
+    *(("lognormal", 300, Pods(baseline=baseline, own=0.10, node=0.05), False) for baseline in (1, 8)),
+    *(("lognormal", 300, Pods(baseline=4, canary=canary, own=own, node=0.05), False)
+      for own in (0.10, 0.20) for canary in (2, 4)),
+]  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=300, help="seeded rollouts per row (regressed and healthy each)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="only the lognormal scenario at 300 requests")
+    parser.add_argument("--quick", action="store_true", help="one row of today's and two noisy ones")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
-    cells = [("lognormal", n) for n in (60, 150, 300, 600, 1500)]
-    cells += [("heavy tail", 300), ("bimodal", 300), ("p99-only", 300), ("p99-only", 1500)]
+    cells = TODAY_ROWS + NOISE_ROWS
     if args.quick:
-        cells = [("lognormal", 300)]
+        cells = [TODAY_ROWS[2], NOISE_ROWS[5], NOISE_ROWS[7]]
     print(f"{args.runs} regressed and {args.runs} healthy rollouts per row, seed {args.seed}; shared load sigma "
-          f"{LOAD_SIGMA}, canary pod offset sigma {POD_SIGMA}; regression x{REGRESSION} on the canary; 60 s "
-          "intervals, vLLM's TTFT buckets; default spec unless named (maxRegression 0.10, failureLimit 1, "
-          "successfulIntervals 5)")  # fmt: skip
+          f"{LOAD_SIGMA}; each pod's node offset (node) and own per-interval load (own) as lognormal sigmas; "
+          f"regression x{REGRESSION} on the canary; the baseline {BASELINE_SHARE}x the canary's requests, split "
+          f"over its pods; 60 s intervals, vLLM's TTFT buckets; default spec unless named (maxRegression 0.10, "
+          f"rollbackAbove 0.05, failureLimit 1, successfulIntervals 5, {MAX_INTERVALS} intervals at most)")  # fmt: skip
     plan = design(RANK.latency[0], RANK)
     print(f"rank test, default spec: {plan.looks} looks; Failed at z >= "
           f"{' '.join(f'{z:.2f}' for z in plan.rollback_boundaries)}; Successful at z <= -("
-          f"{' '.join(f'{z:.2f}' for z in plan.promote_boundaries)})")  # fmt: skip
-    print("goal at 300 canary requests per interval (lognormal): detect<=3 >= 95%, false <= 1%\n")
-    header = f"{'scenario':<15} {'canary req/ivl':>14}  {'method':<32} {'detect<=3':>9} {'false':>6} {'promoted':>9}"
-    print(header)
-    print("-" * len(header))
+          f"{' '.join(f'{z:.2f}' for z in plan.promote_boundaries)})\n")  # fmt: skip
+    print(HEADER)
+    print("-" * len(HEADER))
     started = time.monotonic()
-    for name, canary in cells:
+    for name, canary, pods, every in cells:
         scenario = SCENARIOS[name]
-        regressed = simulate(rng, scenario, args.runs, canary, regressed=True)
-        healthy = simulate(rng, scenario, args.runs, canary, regressed=False)
-        nominal = histogram_quantile(QUANTILE, healthy.baseline.pooled[:, -1].sum(axis=0))
-        methods: list[tuple[str, Decider]] = [
-            ("kvcal rank (operator, default)", operator_decider(RANK)),
-            ("kvcal rank, failureLimit 0", operator_decider(RANK_NO_TOLERANCE)),
-            ("kvcal quantile (operator, today)", operator_decider(QUANTILE_TEST)),
-            ("Flagger-like p95 <= nominal x1.1", flagger_decider(nominal * 1.10)),
-            ("oracle: t-test on raw log TTFT", oracle_decider(RANK)),
-        ]
+        regressed = simulate(rng, scenario, args.runs, canary, regressed=True, pods=pods)
+        healthy = simulate(rng, scenario, args.runs, canary, regressed=False, pods=pods)
+        methods: list[tuple[str, Decider]] = [("kvcal rank (operator, default)", operator_decider(RANK))]
+        if every:
+            nominal = histogram_quantile(QUANTILE, healthy.baseline.pooled[:, -1].sum(axis=0))
+            methods += [
+                ("kvcal quantile (operator)", operator_decider(QUANTILE_TEST)),
+                ("Flagger-like p95 <= nominal x1.1", flagger_decider(nominal * 1.10)),
+                ("oracle: t-test on raw log TTFT", oracle_decider(RANK)),
+            ]
         for method, decider in methods:
-            result = evaluate(decider, regressed, healthy, args.runs)
-            print(f"{scenario.name:<15} {canary:>14,}  {method:<32} {result['detect3']:8.1f}% {result['false']:5.1f}% "
-                  f"{result['promoted']:8.1f}%")  # fmt: skip
-        print()
+            print(row(scenario.name, canary, pods, method, evaluate(decider, regressed, healthy, args.runs)),
+                  flush=True)  # fmt: skip
+        if every:
+            print()
     print(
-        "detect<=3: regressed canary rolled back within 3 intervals; false: healthy canary rolled back (any limit); "
-        f"promoted: healthy canary promoted within {MAX_INTERVALS} intervals. ({time.monotonic() - started:.0f}s)"
+        "\ndetect<=3, <=10: regressed canaries rolled back within 3 and 10 intervals; promoted regr.: regressed "
+        "canaries promoted; false: healthy canaries rolled back; undecided: healthy canaries whose rank test made "
+        "its last look undecided (onUndecided: pause waits for a person, rollback rolls them back: add it to false); "
+        f"promoted: healthy canaries promoted within {MAX_INTERVALS} intervals. ({time.monotonic() - started:.0f}s)"
     )
 
 

@@ -222,3 +222,44 @@ def _canary_requests(message: str | None) -> float:
     match = re.search(r"([\d,]+) canary vs", message or "")
     assert match is not None, message
     return float(match[1].replace(",", ""))
+
+
+BASELINE_PODS = (0.15, 0.155, 0.145, 0.15)  # TTFT medians: four baseline pods on nodes a few % apart
+
+
+@pytest.fixture(scope="module")
+def pods(prometheus: PrometheusServer) -> Iterator[Rollout]:
+    """One rollout whose baseline runs four pods (one exporter each, its own pod name and scrape target)."""
+    namespace = "analysis-pods"
+    baseline = [
+        VllmExporter(Profile(rate=30, ttft_median=median), seed=100 + index).start()
+        for index, median in enumerate(BASELINE_PODS)
+    ]
+    canary = VllmExporter(Profile(rate=30), seed=200).start()
+    targets = {pod.target: role_target_labels(namespace, "baseline", f"llm-{i}") for i, pod in enumerate(baseline)}
+    targets[canary.target] = role_target_labels(namespace, "canary")
+    prometheus.set_targets("analysis-pods", targets)
+    try:
+        prometheus.wait_targets_up(list(targets))
+        yield Rollout(prometheus, baseline[0], canary, namespace, role_selector(namespace))
+    finally:
+        prometheus.remove_targets("analysis-pods")
+        for exporter in [*baseline, canary]:
+            exporter.stop()
+
+
+def test_rank_test_reads_each_pod_from_prometheus(pods: Rollout) -> None:
+    """The step's buckets come back per pod (sum by (pod, instance, le)) from real Prometheus: the verdict counts
+    4 baseline pods and 1 canary pod and widens its variance by their spread; a canary 2x slower still rolls back."""
+    pods.settle(3 * WINDOW_SECONDS + 2)
+    spec = spec_for(pods.prometheus, interval=f"{WINDOW_SECONDS}s", latency=[LatencyCheck(metric="ttft")])
+    metrics = PrometheusSource(pods.selector, policy=pods.prometheus.policy())
+    same = next(m for m in metrics.measure(spec, WINDOW_SECONDS, 3 * WINDOW_SECONDS) if m.metric == "ttft-p95")
+    assert same.query is not None and "sum by (pod, instance, le)" in same.query
+    assert same.message is not None and "pods 4+1, pod spread" in same.message, same.message
+    assert same.phase != "Failed", same.message
+    pods.canary.profile = Profile(rate=30, ttft_median=0.30)
+    pods.settle(3 * WINDOW_SECONDS + 2)
+    slow = next(m for m in metrics.measure(spec, WINDOW_SECONDS, 3 * WINDOW_SECONDS) if m.metric == "ttft-p95")
+    assert slow.phase == "Failed", slow.message
+    assert slow.message is not None and "pods 4+1" in slow.message

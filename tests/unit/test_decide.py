@@ -55,6 +55,7 @@ from tests.support.decide import SPEC_MODEL as SPEC
 
 VERIFIED = json.dumps({"ok": True, "layers": 30, "mismatches": 0, "problems": []})
 MISMATCH = json.dumps({"ok": False, "layers": 30, "mismatches": 2, "problems": ["layer 3 k_scale 1.0 != 0.41"]})
+UNDECIDED = m("Undecided").model_copy(update={"exhausted": True, "message": "undecided: 10 looks ..."})
 
 
 @dataclass
@@ -217,6 +218,23 @@ CASES = [
         P.ROLLING_BACK,
         ["SetWeight 0", f"Delete Deployment/{CANARY}", f"Delete Service/{CANARY}"],
         ["AnalysisFailed"],
+    ),
+    Case(
+        "analysis undecided after its last look: pause for a person",
+        ANALYZING,
+        {"canary": canary(), "measurements": (UNDECIDED,)},
+        P.AWAITING_PROMOTION,
+        [],
+        ["AnalysisUndecided"],
+    ),
+    Case(
+        "analysis undecided, onUndecided rollback: roll back, never as slower",
+        ANALYZING,
+        {"canary": canary(), "measurements": (UNDECIDED,)},
+        P.ROLLING_BACK,
+        ["SetWeight 0", f"Delete Deployment/{CANARY}", f"Delete Service/{CANARY}"],
+        ["AnalysisUndecided"],
+        spec(analysis={"onUndecided": "rollback"}),
     ),
     Case(
         "analysis passes: promote",

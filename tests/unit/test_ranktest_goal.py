@@ -1,17 +1,30 @@
-"""Issue #14's detection goal, on the benchmark's own seeded simulation (benchmarks/bench_analysis.py): at ~300
-canary requests per interval the default rank test rolls back >= 95% of 15% regressions within 3 intervals and
-<= 1% of unchanged canaries (lognormal TTFT, shared load drift, per-pod offsets, vLLM's TTFT buckets)."""
+"""The latency verdict's goals (issues #14 and #24), on the benchmark's own seeded simulation
+(benchmarks/bench_analysis.py: lognormal TTFT, shared load drift, each pod's node offset and own per-interval load,
+vLLM's TTFT buckets, ~300 canary requests per interval, the default spec).
+
+- The guarantee: healthy canaries rolled back <= 1% and 15% regressions promoted <= 1%, in today's conditions
+  (1 canary pod beside 9 baseline pods, node offsets sigma 2%) and with a noisy canary pod (its own load sigma 20%,
+  nodes 5%, 4 baseline pods), where counting requests alone rolled back about one healthy canary in three.
+- Detection where requests dominate: today's conditions catch most 15% regressions within 3 intervals. It was 95%
+  when the verdict counted requests alone; a canary pod's own node offset is real noise the verdict now includes,
+  which costs detection there (docs/operations.md, "Sizing a canary", has the table)."""
 
 import numpy as np
-from benchmarks.bench_analysis import RANK, SCENARIOS, evaluate, operator_decider, simulate
+import pytest
+from benchmarks.bench_analysis import RANK, SCENARIOS, TODAY, Pods, evaluate, operator_decider, simulate
 
 
-def test_detection_goal_at_300_canary_requests_per_interval() -> None:
+@pytest.mark.parametrize(
+    ("pods", "detect3"), [(TODAY, 70.0), (Pods(baseline=4, own=0.20, node=0.05), None)], ids=["today", "noisy-pod"]
+)
+def test_guarantee_and_detection_at_300_canary_requests_per_interval(pods: Pods, detect3: float | None) -> None:
     rng = np.random.default_rng(0)
     runs = 300
-    regressed = simulate(rng, SCENARIOS["lognormal"], runs, 300, regressed=True)
-    healthy = simulate(rng, SCENARIOS["lognormal"], runs, 300, regressed=False)
+    regressed = simulate(rng, SCENARIOS["lognormal"], runs, 300, regressed=True, pods=pods)
+    healthy = simulate(rng, SCENARIOS["lognormal"], runs, 300, regressed=False, pods=pods)
     result = evaluate(operator_decider(RANK), regressed, healthy, runs)
-    assert result["detect3"] >= 95.0, result
     assert result["false"] <= 1.0, result
-    assert result["promoted"] >= 99.0, result  # promotion stays possible: confident, not merely unrefuted
+    assert result["missed"] <= 1.0, result
+    if detect3 is not None:
+        assert result["detect3"] >= detect3, result
+        assert result["promoted"] >= 97.0, result  # promotion stays possible: confident, not merely unrefuted

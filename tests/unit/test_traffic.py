@@ -2,8 +2,8 @@
 
 import pytest
 
-from kvcal.core.traffic import plan_step
-from kvcal.models.spec import TrafficSpec
+from kvcal.core.traffic import plan_shadow, plan_step
+from kvcal.models.spec import ServingSpec, ShadowSpec, TrafficSpec
 
 
 @pytest.mark.parametrize(
@@ -42,3 +42,22 @@ def test_none_router_sends_no_user_traffic() -> None:
 def test_bad_input_names_the_problem(index: int, baseline: int, error: str) -> None:
     with pytest.raises(ValueError, match=error):
         plan_step(TrafficSpec(steps=[10, 50]), index, baseline)
+
+
+def test_canary_replicas_is_the_fewest_canary_pods_of_weight_routers() -> None:
+    """spec.serving.canary.replicas: more canary pods average out one pod's own noise in the latency verdict; the
+    step's share still asks for more where it needs them."""
+    traffic = TrafficSpec(router="gateway-api", steps=[10, 50], http_route="llama")
+    first, second = plan_step(traffic, 0, 4, min_canary=3), plan_step(traffic, 1, 8, min_canary=3)
+    assert (first.weight, first.canary_replicas) == (10, 3)
+    assert (second.weight, second.canary_replicas) == (50, 4)
+    assert plan_step(TrafficSpec(router="none", steps=[10]), 0, 3, min_canary=2).canary_replicas == 2
+    shadow = plan_shadow(ShadowSpec(percent=10), 4, min_canary=2)
+    assert shadow.canary_replicas == 2
+
+
+def test_canary_replicas_is_refused_where_the_weight_sets_the_pod_count() -> None:
+    baseline = {"deployment": "llm", "service": "llm"}
+    with pytest.raises(ValueError, match=r"spec.serving.canary.replicas: router replicas sets"):
+        ServingSpec.model_validate({"baseline": baseline, "canary": {"replicas": 2}})
+    assert ServingSpec.model_validate({"baseline": baseline, "canary": {"replicas": 1}}).canary.replicas == 1

@@ -208,6 +208,20 @@ def buckets(client: QueryClient, query: str) -> list[tuple[float, float]]:
         raise QueryError(f"bucket query returned series without a numeric 'le' label: {exc}") from exc
 
 
+def pod_buckets(client: QueryClient, query: str) -> list[list[tuple[float, float]]]:
+    """One ``buckets`` list per pod of a ``sum by (pod, instance, le)`` query, in a stable order."""
+    result = run_query(client, query)
+    pods: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    try:
+        for series in result:
+            labels = series["metric"]
+            key = (labels.get("pod", ""), labels.get("instance", ""))
+            pods.setdefault(key, []).append((float(labels["le"]), float(series["value"][1])))
+    except (KeyError, ValueError) as exc:
+        raise QueryError(f"bucket query returned series without a numeric 'le' label: {exc}") from exc
+    return [pods[key] for key in sorted(pods)]
+
+
 def estimate(client: QueryClient, query: str, quantile: float) -> float | None:
     points = buckets(client, query)
     return quantile_from_buckets(quantile, points) if points else None
@@ -282,21 +296,27 @@ class PrometheusSource:
         counts: RequestCounts,
         at: str,
     ) -> Measurement:
-        """The rank test: bucket counts of this interval (its quantiles, for people) and of the step (the test)."""
+        """The rank test: bucket counts of this interval (its quantiles, for people) and of each pod over the step
+        (the test)."""
         interval_window, step_window = windows
 
-        def counts_of(role: promql.Role, window: str) -> list[tuple[float, float]]:
+        def counts_of(role: promql.Role) -> list[tuple[float, float]]:
             selector = self._selector.for_role(role)
-            return buckets(client, promql.render_latency_buckets(check.metric, selector, window, "latency_counts"))
+            query = promql.render_latency_buckets(check.metric, selector, interval_window, "latency_counts")
+            return buckets(client, query)
 
-        query = promql.render_latency_buckets(
-            check.metric, self._selector.for_role("canary"), step_window, "latency_counts"
-        )
+        def pods_of(role: promql.Role) -> list[list[tuple[float, float]]]:
+            return pod_buckets(client, pod_query(role))
+
+        def pod_query(role: promql.Role) -> str:
+            selector = self._selector.for_role(role)
+            return promql.render_latency_buckets(check.metric, selector, step_window, "latency_pod_counts")
+
         return assess_latency_check(
             check, spec,
-            (counts_of("baseline", interval_window), counts_of("canary", interval_window)),
-            (counts_of("baseline", step_window), counts_of("canary", step_window)),
-            look=look, requests=counts, at=at, query=query,
+            (counts_of("baseline"), counts_of("canary")),
+            (pods_of("baseline"), pods_of("canary")),
+            look=look, requests=counts, at=at, query=pod_query("canary"),
         )  # fmt: skip
 
     def measure(

@@ -10,6 +10,8 @@
     when ``consecutiveErrors`` exceeds ``consecutiveErrorLimit`` (metrics unreadable), or when ``inconclusive``
     exceeds ``inconclusiveLimit`` (e.g. no traffic: the canary cannot be shown to be safe, so it is not promoted);
   * Passed when ``consecutiveSuccesses`` reaches ``successfulIntervals``; any other interval resets that streak;
+  * Undecided when a sequential test made its last look without deciding (``Measurement.exhausted``): neither
+    shown slower nor shown safe, its own outcome (spec.analysis.onUndecided: pause or rollback);
   * Running otherwise.
   Limits are counts tolerated, as in Argo Rollouts: ``failureLimit: 1`` tolerates one failed interval and rolls
   back on the second; ``failureLimit: 0`` rolls back on the first.
@@ -28,7 +30,7 @@ from kvcal.models.spec import AnalysisSpec, LatencyCheck
 from kvcal.models.status import MAX_MEASUREMENTS, AnalysisStatus, Measurement
 
 MeasurementPhase = Literal["Successful", "Undecided", "Failed", "Inconclusive", "Error"]
-Outcome = Literal["Running", "Passed", "Failed"]
+Outcome = Literal["Running", "Passed", "Failed", "Undecided"]
 
 # Recorded for people and dashboards, never gating an interval.
 INFORMATIONAL_METRICS = frozenset({"preemptions", "kvCacheUsage", "logprobDelta"})
@@ -289,4 +291,7 @@ def assess_run(spec: AnalysisSpec, status: AnalysisStatus, new: list[Measurement
         }
     )
     outcome, reason = run_outcome(spec, updated, new)
+    exhausted = [each for each in new if each.exhausted]
+    if outcome == "Running" and exhausted:
+        outcome, reason = "Undecided", "Undecided: " + "; ".join(f"{m.metric}: {m.message}" for m in exhausted[:3])
     return AnalysisVerdict(status=updated, outcome=outcome, reason=reason, interval=phase)

@@ -48,6 +48,9 @@ TEMPLATES: dict[str, str] = {
     "latency_buckets": "sum by (le) (rate({${histogram},$selector}[$window]))",
     # Requests per bucket over the window, for the rank test (kvcal.core.ranktest), which needs counts, not rates.
     "latency_counts": "sum by (le) (increase({${histogram},$selector}[$window]))",
+    # The same per pod (its scrape target: ``instance`` is always there, ``pod`` where the scrape config maps it):
+    # the pods' own spread widens the rank test's variance.
+    "latency_pod_counts": "sum by (pod, instance, le) (increase({${histogram},$selector}[$window]))",
     # Requests the engine finished (any finished_reason) plus generation requests that failed with HTTP 5xx: the
     # traffic count compared to minRequests (a canary failing every request still counts as traffic).
     "requests": (
@@ -182,11 +185,13 @@ def render_latency(metric: str, quantile: float, selector: str, window: str) -> 
 
 def render_latency_buckets(metric: str, selector: str, window: str, template: str = "latency_buckets") -> str:
     """Per-bucket rates (or, with ``template="latency_counts"``, counts) of a latency histogram: one series per
-    ``le``."""
+    ``le`` (per pod and ``le`` with ``"latency_pod_counts"``)."""
     if metric not in LATENCY_HISTOGRAMS:
         raise TemplateError(f"latency metric {metric!r}: must be one of {', '.join(LATENCY_HISTOGRAMS)}")
-    if template not in ("latency_buckets", "latency_counts"):
-        raise TemplateError(f"bucket template {template!r}: must be latency_buckets or latency_counts")
+    if template not in ("latency_buckets", "latency_counts", "latency_pod_counts"):
+        raise TemplateError(
+            f"bucket template {template!r}: must be latency_buckets, latency_counts or latency_pod_counts"
+        )
     histogram = vllm_series(LATENCY_HISTOGRAMS[metric] + "_bucket")
     return render(TEMPLATES[template], {"histogram": histogram, "selector": selector, "window": _check_window(window)})
 

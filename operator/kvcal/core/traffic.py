@@ -10,10 +10,12 @@
   under the others the canary's pods leave out the Service's selector labels, so the canary gets its HTTPRoute
   weight and nothing more (``gateway-api``), or no user traffic at all (``none``).
 - ``gateway-api``: HTTPRoute backendRef weights give the asked weight exactly; the canary gets enough pods for its
-  share (``ceil(N x w / 100)``, at least 1).
+  share (``ceil(N x w / 100)``), and at least ``spec.serving.canary.replicas`` (more pods average out one pod's own
+  noise in the latency verdict).
 - ``inference-pool``: the same, with the weights between the baseline's InferencePool and the canary's own
   (core.rollout.pool).
-- ``none``: analysis only; the canary (1 pod) gets no user traffic, only probes and whatever load a test sends.
+- ``none``: analysis only; the canary (``spec.serving.canary.replicas`` pods) gets no user traffic, only probes and
+  whatever load a test sends.
 
 The shadow stage (``spec.serving.traffic.shadow``, gateway-api only) comes before the first step: weight 0, the
 route mirrors ``percent`` of its requests to the canary (Gateway API RequestMirror; the gateway drops the mirror's
@@ -63,7 +65,8 @@ def _replicas_for(weight: int, baseline: int) -> int:
     return best
 
 
-def plan_step(traffic: TrafficSpec, step_index: int, baseline_replicas: int) -> TrafficPlan:
+def plan_step(traffic: TrafficSpec, step_index: int, baseline_replicas: int, min_canary: int = 1) -> TrafficPlan:
+    """``min_canary``: spec.serving.canary.replicas, the fewest canary pods of the weight routers (and none)."""
     weight = _step_weight(traffic, step_index)
     if baseline_replicas < 1:
         raise ValueError(f"baseline replicas {baseline_replicas}: the baseline Deployment must run at least 1 pod")
@@ -72,16 +75,16 @@ def plan_step(traffic: TrafficSpec, step_index: int, baseline_replicas: int) -> 
         achieved = round(100 * canary / (baseline_replicas + canary))
         return TrafficPlan(achieved, canary, baseline_replicas, requested_weight=weight)
     if traffic.routes:
-        canary = max(1, math.ceil(baseline_replicas * weight / 100))
+        canary = max(1, min_canary, math.ceil(baseline_replicas * weight / 100))
         return TrafficPlan(weight, canary, baseline_replicas, requested_weight=weight)
-    return TrafficPlan(0, 1, baseline_replicas, requested_weight=weight)
+    return TrafficPlan(0, max(1, min_canary), baseline_replicas, requested_weight=weight)
 
 
-def plan_shadow(shadow: ShadowSpec, baseline_replicas: int) -> TrafficPlan:
+def plan_shadow(shadow: ShadowSpec, baseline_replicas: int, min_canary: int = 1) -> TrafficPlan:
     """The shadow stage: no user-facing weight, and canary pods enough for the mirrored share."""
     if baseline_replicas < 1:
         raise ValueError(f"baseline replicas {baseline_replicas}: the baseline Deployment must run at least 1 pod")
-    canary = max(1, math.ceil(baseline_replicas * shadow.percent / 100))
+    canary = max(1, min_canary, math.ceil(baseline_replicas * shadow.percent / 100))
     return TrafficPlan(0, canary, baseline_replicas, requested_weight=0)
 
 

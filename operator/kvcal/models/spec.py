@@ -213,8 +213,9 @@ class CanarySpec(SpecModel):
         ge=1,
         le=100,
         description=(
-            "Currently not used by any router: the canary's pod count follows from each traffic step and the "
-            "baseline's pod count. Kept for the minimum canary pod count planned for weight-based routers"
+            "The fewest canary pods under router gateway-api, inference-pool or none (the step's share may ask for "
+            "more): several canary pods average out each pod's own noise, so the latency verdict decides sooner. "
+            "Refused above 1 with router replicas, where each step's weight sets the canary's pod count"
         ),
     )
     kv_cache_dtype: Literal["fp8", "fp8_e4m3"] = "fp8_e4m3"
@@ -304,10 +305,23 @@ class TrafficSpec(SpecModel):
         return parse_duration(self.drain_delay)
 
 
+# One message for the schema's CEL rule and the model.
+CANARY_REPLICAS_WITH_REPLICAS_ROUTER = (
+    "spec.serving.canary.replicas: router replicas sets the canary's pod count from each step's weight (canary pods "
+    "/ all pods); remove replicas, or route by weight with router gateway-api or inference-pool"
+)
+
+
 class ServingSpec(SpecModel):
     baseline: BaselineRef
     canary: CanarySpec = CanarySpec()
     traffic: TrafficSpec = TrafficSpec()
+
+    @model_validator(mode="after")
+    def _canary_replicas_by_weight(self) -> "ServingSpec":
+        if self.canary.replicas > 1 and self.traffic.router == "replicas":
+            raise ValueError(CANARY_REPLICAS_WITH_REPLICAS_ROUTER)
+        return self
 
 
 class PrometheusRef(SpecModel):
@@ -318,15 +332,37 @@ class PrometheusRef(SpecModel):
     address: str | None = Field(default=None, max_length=1024, pattern=PROMETHEUS_URL_PATTERN)
 
 
+# One message for the schema's CEL rule and the model.
+ROLLBACK_ABOVE_MAX = (
+    "spec.analysis.latency[].rollbackAbove must be at most maxRegression (a canary is rolled back above "
+    "rollbackAbove and never promoted above maxRegression), e.g. rollbackAbove: 0.05 with maxRegression: 0.10"
+)
+
+
 class LatencyCheck(SpecModel):
     metric: Literal["ttft", "itl", "e2e"]
     # rank: a sequential Mann-Whitney test on the histograms since the step began (kvcal.core.ranktest);
     # quantile: this interval's canary quantile vs the baseline's x (1 + maxRegression).
     test: Literal["rank", "quantile"] = "rank"
     quantile: float = 0.95
+    # The slowdown never to promote (rank: promoted only when confidently within it; quantile: the limit).
     max_regression: float = Field(default=0.10, ge=0, le=10)
+    # rank only: the slowdown that rolls back, when the canary is confidently slower than it (default half of
+    # maxRegression); between the two the test needs more data.
+    rollback_above: float | None = Field(default=None, ge=0, le=10)
     # Absolute noise floor: a canary within this many seconds of the baseline passes whatever the ratio.
     noise_floor_seconds: float = Field(default=0.005, ge=0)
+
+    @model_validator(mode="after")
+    def _rollback_within_max(self) -> "LatencyCheck":
+        if self.rollback_above is not None and self.rollback_above > self.max_regression:
+            raise ValueError(ROLLBACK_ABOVE_MAX)
+        return self
+
+    @property
+    def rollback_tolerance(self) -> float:
+        """The rank test's rollback boundary (canary/baseline - 1)."""
+        return self.max_regression / 2 if self.rollback_above is None else self.rollback_above
 
     @field_validator("quantile")
     @classmethod
@@ -381,6 +417,9 @@ class AnalysisSpec(SpecModel):
     inconclusive_limit: int = Field(default=2, ge=0, le=1000)
     consecutive_error_limit: int = Field(default=3, ge=0, le=1000)
     max_error_rate: float = Field(default=0.01, ge=0, le=1)
+    # A rank test that made its last look undecided: pause (wait in AwaitingPromotion for `kvcal promote` or
+    # `kvcal abort`) or rollback (with reason AnalysisUndecided, never "slower").
+    on_undecided: Literal["pause", "rollback"] = "pause"
     latency: list[LatencyCheck] = Field(default_factory=_default_latency, max_length=9)
     quality: QualitySpec = QualitySpec()
     capacity: CapacityCheck = CapacityCheck()

@@ -159,6 +159,8 @@ class Measurement(Model):
     threshold: float | None = None
     query: str | None = None
     message: str | None = None
+    # A sequential test past its last look without a decision: the run is undecided (spec.analysis.onUndecided).
+    exhausted: bool | None = None
 
 
 class AnalysisStatus(Model):

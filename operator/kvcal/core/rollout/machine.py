@@ -59,9 +59,9 @@ def deploying(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> Non
             draft.condition("CanaryReady", "False", "MirrorUnsupported", refusal)
             blocked(draft, "MirrorUnsupported", refusal, 30.0)
             return
-        plan = plan_shadow(shadow, baseline.replicas)
+        plan = plan_shadow(shadow, baseline.replicas, spec.serving.canary.replicas)
     else:
-        plan = plan_step(traffic, step, baseline.replicas)
+        plan = plan_step(traffic, step, baseline.replicas, spec.serving.canary.replicas)
     mirror = shadow.percent if shadow is not None and shadowing else 0
     name = canary_name(draft.obs.owner.name)
     canary = draft.obs.canary
@@ -155,6 +155,9 @@ def analyzing(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> Non
         draft.move(Phase.ROLLING_BACK, "AnalysisFailed", verdict.reason)
         rolling_back(draft, spec, current_hash)
         return
+    if verdict.outcome == "Undecided":
+        _undecided(draft, spec, current_hash, verdict.reason)
+        return
     drift = _reassert_weight(draft, spec)
     if verdict.outcome == "Running":
         due = next_measurement_at(spec.analysis, draft.status.analysis)
@@ -189,6 +192,23 @@ def analyzing(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> Non
         return
     draft.move(Phase.PROMOTING, "Promoting", f"analysis passed ({verdict.reason}): promoting")
     promoting(draft, spec, current_hash)
+
+
+def _undecided(draft: Builder, spec: KVCalibrationSpec, current_hash: str, reason: str) -> None:
+    """The latency test made its last look without deciding: neither slower nor shown safe. onUndecided: pause
+    waits for a person in AwaitingPromotion (traffic stays at this step's weight), rollback rolls back with reason
+    AnalysisUndecided (never "slower")."""
+    draft.condition("AnalysisPassed", "Unknown", "AnalysisUndecided", reason)
+    if spec.analysis.on_undecided == "rollback":
+        draft.move(Phase.ROLLING_BACK, "AnalysisUndecided", f"{reason} (onUndecided: rollback)")
+        rolling_back(draft, spec, current_hash)
+        return
+    name = draft.obs.owner.name
+    draft.move(
+        Phase.AWAITING_PROMOTION,
+        "AnalysisUndecided",
+        f"{reason}; onUndecided: pause: run `kvcal promote {name}` to promote or `kvcal abort {name}` to roll back",
+    )
 
 
 def _pool_lost(draft: Builder, spec: KVCalibrationSpec) -> bool:
