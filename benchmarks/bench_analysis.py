@@ -1,22 +1,26 @@
 """Detection and false-rollback rates of the canary latency verdict, as the operator runs it (seeded simulation).
 
 Each simulated rollout is one analysis step of 60 s intervals run until it passes, fails, or MAX_INTERVALS pass:
-- traffic: ``canary`` requests per interval on average (Poisson), the baseline nine times as many (10% weight);
-- TTFT per request from a scenario's distribution, times a per-interval load factor shared by both sides
-  (lognormal sigma 0.15: load spikes move both), times a per-rollout canary pod offset (lognormal sigma 0.02: a
-  different node); a regression multiplies the canary's TTFT by 1.15 (or, in ``p99-only``, its slowest 1%);
-- the operator's view: vLLM's TTFT histogram bucket counts per interval, as ``increase(..._bucket[...])`` per pod
-  selector returns them, for this interval and since the step's first interval began.
+- pods: the baseline's pods (9 by default: the replicas router's 10% is 1 canary pod beside 9 baseline pods) and the
+  canary's; the canary gets ``canary`` requests per interval on average (Poisson), the baseline nine times as many,
+  each role's split evenly over its pods;
+- TTFT per request from a scenario's distribution, times a per-interval load factor shared by every pod (lognormal
+  sigma 0.15: load spikes move both roles), times each pod's node offset (fixed per rollout, lognormal sigma
+  ``node``, 0.02 by default) and each pod's own per-interval load (its queue and batch mix, lognormal sigma ``own``,
+  0 by default); a regression multiplies the canary's TTFT by 1.15 (or, in ``p99-only``, its slowest 1%);
+- the operator's view: vLLM's TTFT histogram bucket counts of this interval per role, and of each pod since the
+  step's first interval began, as ``increase(..._bucket[...])`` returns them.
 
 Rows, all on the same simulated rollouts:
-- ``kvcal rank (operator)``: the default spec; each interval goes through the operator's own functions
-  (kvcal.core.ranktest.assess_latency_check with the interval's and the step's buckets, assess_requests, then
-  assess_run with the spec's limits and status counters), exactly what PrometheusSource.measure + decide do;
-- ``kvcal quantile (today)``: the same with ``test: quantile`` (one interval's p95 vs baseline x 1.10);
+- ``kvcal rank (operator)``: the default spec (or the one named); each interval goes through the operator's own
+  functions (kvcal.core.ranktest.assess_latency_check with the interval's and each pod's buckets, assess_requests,
+  then assess_run with the spec's limits and status counters), exactly what PrometheusSource.measure + decide do;
+- ``kvcal quantile``: the same with ``test: quantile`` (one interval's p95 vs baseline x 1.10);
 - ``Flagger-like``: the canary's p95 alone vs a fixed maximum (nominal baseline p95 x 1.10); rolls back after 2
   failed checks, promotes after 5 passed ones;
 - ``oracle``: the rank test's sequential design (same tolerances, per-look boundaries, looks, alpha, counters) on a
-  Welch t-test of the raw log latencies, which Prometheus never sees: the ceiling for any test on these data.
+  Welch t-test of the raw log latencies that counts requests alone (no pod's own noise), which Prometheus never
+  sees: the ceiling where requests are the only noise.
 
 Run: .venv/bin/python benchmarks/bench_analysis.py [--runs 300] [--seed 0] [--quick]
 """
@@ -30,7 +34,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from kvcal.core.analysis import RequestCounts, assess_requests, assess_run
+from kvcal.core.analysis import AnalysisVerdict, RequestCounts, assess_requests, assess_run
 from kvcal.core.ranktest import Buckets, design
 from kvcal.core.ranktest import assess_latency_check as operator_check
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
@@ -46,7 +50,7 @@ BASELINE_SHARE = 9  # baseline requests per canary request (10% canary weight)
 MAX_INTERVALS = 15
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 RANK = AnalysisSpec(latency=[LatencyCheck(metric="ttft")])
-RANK_NO_TOLERANCE = AnalysisSpec(latency=[LatencyCheck(metric="ttft")], failure_limit=0)
+RANK_SEVEN = AnalysisSpec(latency=[LatencyCheck(metric="ttft")], successful_intervals=7)
 QUANTILE_TEST = AnalysisSpec(latency=[LatencyCheck(metric="ttft", test="quantile")])
 
 
@@ -167,6 +171,12 @@ def as_buckets(counts: np.ndarray) -> Buckets:
 Decider = Callable[[Simulation, int], tuple[str, int]]  # -> (outcome, intervals used)
 
 
+def ended(verdict: AnalysisVerdict) -> str:
+    """The run's outcome; a rollback for too few requests (InconclusiveLimit) is told apart from one for latency."""
+    inconclusive = verdict.outcome == "Failed" and verdict.reason.startswith("InconclusiveLimit")
+    return "Inconclusive" if inconclusive else verdict.outcome
+
+
 def operator_decider(spec: AnalysisSpec) -> Decider:
     """Every interval as the operator judges it: requests + the latency check, then assess_run's counters."""
     check = spec.latency[0]
@@ -190,7 +200,7 @@ def operator_decider(spec: AnalysisSpec) -> Decider:
             verdict = assess_run(spec, status, measured, NOW)
             status = verdict.status
             if verdict.outcome != "Running":
-                return verdict.outcome, interval + 1
+                return ended(verdict), interval + 1
         return "Undecided", MAX_INTERVALS
 
     return roll_out
@@ -231,7 +241,7 @@ def oracle_decider(spec: AnalysisSpec) -> Decider:
             verdict = assess_run(spec, status, measured, NOW)
             status = verdict.status
             if verdict.outcome != "Running":
-                return verdict.outcome, interval + 1
+                return ended(verdict), interval + 1
         return "Undecided", MAX_INTERVALS
 
     return roll_out
@@ -271,45 +281,61 @@ def histogram_quantile(q: float, counts: np.ndarray) -> float:
 
 def evaluate(decider: Decider, regressed: Simulation, healthy: Simulation, runs: int) -> dict[str, float]:
     """Percentages of rollouts: regressed ones rolled back within 3 and 10 intervals and promoted; healthy ones
-    rolled back (Failed), undecided (the rank test's last look passed: onUndecided decides) and promoted."""
-    tally = dict.fromkeys(("detect3", "detect10", "missed", "false", "undecided", "promoted"), 0)
+    rolled back as slower, rolled back for too few requests, undecided (the rank test's last look passed:
+    onUndecided decides) and promoted."""
+    tally = dict.fromkeys(("detect3", "detect10", "detect", "missed", "false", "few", "undecided", "promoted"), 0)
     for run in range(runs):
         outcome, used = decider(regressed, run)
         tally["detect3"] += outcome == "Failed" and used <= 3
         tally["detect10"] += outcome == "Failed" and used <= 10
+        tally["detect"] += outcome == "Failed"
         tally["missed"] += outcome == "Passed"
         outcome, used = decider(healthy, run)
         tally["false"] += outcome == "Failed"
+        tally["few"] += outcome == "Inconclusive"
         tally["undecided"] += outcome == "Undecided"
         tally["promoted"] += outcome == "Passed"
     return {key: 100 * count / runs for key, count in tally.items()}
 
 
 HEADER = (
-    f"{'scenario':<15} {'req/ivl':>7} {'pods b+c':>8} {'own':>5} {'node':>5}  {'method':<32} {'detect<=3':>9} "
-    f"{'<=10':>6} {'promoted regr.':>14} {'false':>6} {'undecided':>9} {'promoted':>8}"
+    f"{'scenario':<15} {'req/ivl':>7} {'pods b+c':>8} {'own':>5} {'node':>5}  {'method':<33} {'detect<=3':>9} "
+    f"{'<=10':>6} {'<=15':>6} {'promoted regr.':>14} {'false':>6} {'too few':>7} {'undecided':>9} {'promoted':>8}"
 )
 
 
 def row(scenario: str, canary: int, pods: Pods, method: str, result: dict[str, float]) -> str:
     return (
         f"{scenario:<15} {canary:>7,} {f'{pods.baseline}+{pods.canary}':>8} {pods.own:>5.2f} {pods.node:>5.2f}  "
-        f"{method:<32} {result['detect3']:8.1f}% {result['detect10']:5.1f}% {result['missed']:13.1f}% "
-        f"{result['false']:5.1f}% {result['undecided']:8.1f}% {result['promoted']:7.1f}%"
+        f"{method:<33} {result['detect3']:8.1f}% {result['detect10']:5.1f}% {result['detect']:5.1f}% "
+        f"{result['missed']:13.1f}% "
+        f"{result['false']:5.1f}% {result['few']:6.1f}% {result['undecided']:8.1f}% {result['promoted']:7.1f}%"
     )
 
 
-# (scenario, canary requests per interval, pods, every method or the operator's only)
-TODAY_ROWS = [("lognormal", n, TODAY, True) for n in (60, 150, 300, 600, 1500)] + [
-    ("heavy tail", 300, TODAY, True), ("bimodal", 300, TODAY, True), ("p99-only", 300, TODAY, True),
-    ("p99-only", 1500, TODAY, True),
+@dataclass(frozen=True)
+class Row:
+    scenario: str
+    canary: int  # requests per interval
+    pods: Pods = TODAY
+    every: bool = False  # every method, or the operator's rank test only
+    spec: AnalysisSpec = RANK
+    spec_name: str = "default"
+
+
+TODAY_ROWS = [Row("lognormal", n, every=True) for n in (60, 150, 300, 600, 1500)] + [
+    Row("heavy tail", 300, every=True), Row("bimodal", 300, every=True), Row("p99-only", 300, every=True),
+    Row("p99-only", 1500, every=True),
 ]  # fmt: skip
 NOISE_ROWS = [
-    *(("lognormal", 300, Pods(baseline=4, own=own, node=node), False)
-      for own in (0.0, 0.05, 0.10, 0.20) for node in (0.02, 0.05)),
-    *(("lognormal", 300, Pods(baseline=baseline, own=0.10, node=0.05), False) for baseline in (1, 8)),
-    *(("lognormal", 300, Pods(baseline=4, canary=canary, own=own, node=0.05), False)
-      for own in (0.10, 0.20) for canary in (2, 4)),
+    *(Row("lognormal", 300, Pods(baseline=4, own=own, node=node)) for own in (0.0, 0.05, 0.10, 0.20)
+      for node in (0.02, 0.05)),
+    *(Row("lognormal", 300, Pods(baseline=baseline, own=0.10, node=0.05)) for baseline in (1, 8)),
+]  # fmt: skip
+# Sizing a canary: canary pods (spec.serving.canary.replicas) and successfulIntervals against the canary's own noise.
+SIZING_ROWS = [
+    Row("lognormal", 300, Pods(baseline=4, canary=canary, own=own, node=0.05), spec=spec, spec_name=name)
+    for own in (0.10, 0.20) for canary in (1, 2, 4) for spec, name in ((RANK, "default"), (RANK_SEVEN, "succ. 7"))
 ]  # fmt: skip
 
 
@@ -320,7 +346,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one row of today's and two noisy ones")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
-    cells = TODAY_ROWS + NOISE_ROWS
+    cells = TODAY_ROWS + NOISE_ROWS + SIZING_ROWS
     if args.quick:
         cells = [TODAY_ROWS[2], NOISE_ROWS[5], NOISE_ROWS[7]]
     print(f"{args.runs} regressed and {args.runs} healthy rollouts per row, seed {args.seed}; shared load sigma "
@@ -329,17 +355,23 @@ def main() -> None:
           f"over its pods; 60 s intervals, vLLM's TTFT buckets; default spec unless named (maxRegression 0.10, "
           f"rollbackAbove 0.05, failureLimit 1, successfulIntervals 5, {MAX_INTERVALS} intervals at most)")  # fmt: skip
     plan = design(RANK.latency[0], RANK)
-    print(f"rank test, default spec: {plan.looks} looks; Failed at z >= "
-          f"{' '.join(f'{z:.2f}' for z in plan.rollback_boundaries)}; Successful at z <= -("
-          f"{' '.join(f'{z:.2f}' for z in plan.promote_boundaries)})\n")  # fmt: skip
+
+    def shown(bounds: tuple[float, ...]) -> str:
+        return " ".join(f"{z:.2f}" for z in bounds)
+
+    print(f"rank test, default spec: {plan.looks} looks; Failed at z >= {shown(plan.rollback_boundaries)} against "
+          f"x{1 + plan.rollback_tolerance:g} and z >= {shown(plan.healthy_boundaries)} against "
+          f"x{1 + plan.healthy_tolerance:g}; Successful at z <= -({shown(plan.promote_boundaries)}) against "
+          f"x{1 + plan.promote_tolerance:g} and z <= -({shown(plan.regressed_boundaries)}) against "
+          f"x{1 + plan.regressed_tolerance:g}\n")  # fmt: skip
     print(HEADER)
     print("-" * len(HEADER))
     started = time.monotonic()
-    for name, canary, pods, every in cells:
-        scenario = SCENARIOS[name]
+    for cell in cells:
+        scenario, canary, pods, every = SCENARIOS[cell.scenario], cell.canary, cell.pods, cell.every
         regressed = simulate(rng, scenario, args.runs, canary, regressed=True, pods=pods)
         healthy = simulate(rng, scenario, args.runs, canary, regressed=False, pods=pods)
-        methods: list[tuple[str, Decider]] = [("kvcal rank (operator, default)", operator_decider(RANK))]
+        methods: list[tuple[str, Decider]] = [(f"kvcal rank (operator, {cell.spec_name})", operator_decider(cell.spec))]
         if every:
             nominal = histogram_quantile(QUANTILE, healthy.baseline.pooled[:, -1].sum(axis=0))
             methods += [
@@ -350,12 +382,14 @@ def main() -> None:
         for method, decider in methods:
             print(row(scenario.name, canary, pods, method, evaluate(decider, regressed, healthy, args.runs)),
                   flush=True)  # fmt: skip
-        if every:
+        if every or cell in (NOISE_ROWS[-1], SIZING_ROWS[-1]):
             print()
     print(
-        "\ndetect<=3, <=10: regressed canaries rolled back within 3 and 10 intervals; promoted regr.: regressed "
-        "canaries promoted; false: healthy canaries rolled back; undecided: healthy canaries whose rank test made "
-        "its last look undecided (onUndecided: pause waits for a person, rollback rolls them back: add it to false); "
+        "\ndetect<=3, <=10, <=15: regressed canaries rolled back within 3, 10 and 15 intervals; promoted regr.: "
+        "regressed canaries promoted; false: healthy canaries rolled back as slower (or by a Flagger-like "
+        "threshold); too few: healthy canaries rolled back for too few requests (InconclusiveLimit); undecided: "
+        "healthy canaries whose rank test made its last look undecided (onUndecided: pause waits for a person, "
+        "rollback rolls them back: add it to false); "
         f"promoted: healthy canaries promoted within {MAX_INTERVALS} intervals. ({time.monotonic() - started:.0f}s)"
     )
 

@@ -72,8 +72,8 @@ ANALYSIS = {
     "warmup": "20s",  # a new vLLM's first requests are slow
     "successfulIntervals": 3,
     "failureLimit": 1,  # one failed interval tolerated, the second rolls back
-    # At the few canary requests per 15 s interval this load makes, the rank test may need several looks to be
-    # confident that a canary which keeps up is within x2 (3 Successful looks in a row of its 6); Undecided counts here.
+    # At the few canary requests per 15 s interval this load makes, an interval can fall under minRequests: tolerate
+    # a few (the rank test itself needs 3 Successful looks in a row of its 6 to be confident the canary is within x2).
     "inconclusiveLimit": 5,
     "minRequests": 5,
     # Baseline and canary share 2 CPU cores with the load generator, the API server and Prometheus, so one request

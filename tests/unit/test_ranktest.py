@@ -20,6 +20,7 @@ from kvcal.core.ranktest import (
     Buckets,
     assess_latency_check,
     cdf_at,
+    chi_square_quantile,
     cumulative_counts,
     design,
     grouped_mann_whitney,
@@ -103,7 +104,7 @@ def test_moved_baseline_of_a_lognormal_is_exact() -> None:
 def test_design_spends_alpha_over_the_looks_the_counters_need() -> None:
     """failureLimit 1: the second Failed look rolls back; successfulIntervals 5: five Successful looks in a row
     promote. Each boundary is designed so that over the step's 10 looks its decision errs with its alpha (10% at
-    the tolerance, 1% one indifference zone beyond it), and it rises as (look / looks)^0.25."""
+    the tolerance, 0.5% one indifference zone beyond it), and it rises as (look / looks)^0.25."""
     plan = design(CHECK, SPEC)
     assert (plan.looks, plan.rollback_tolerance, plan.promote_tolerance) == (10, 0.05, 0.10)
     assert (plan.healthy_tolerance, plan.regressed_tolerance) == pytest.approx((0.0, 0.15))
@@ -305,3 +306,8 @@ def test_the_step_window_grows_one_interval_per_look() -> None:
     windows = [step_window_seconds(SPEC, status, first + timedelta(minutes=k)) for k in (0, 2, 30)]
     assert windows == [60.0, 180.0, 660.0]  # capped one look past the last
     assert [look_number(SPEC, window) for window in windows] == [1, 3, 11]
+
+
+@pytest.mark.parametrize(("probability", "degrees", "quantile"), [(0.10, 3, 0.584), (0.10, 8, 3.490), (0.90, 5, 9.236)])
+def test_chi_square_quantile_within_two_percent(probability: float, degrees: int, quantile: float) -> None:
+    assert chi_square_quantile(probability, degrees) == pytest.approx(quantile, rel=0.02)

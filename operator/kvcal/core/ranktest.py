@@ -1,19 +1,23 @@
 """A sequential Mann-Whitney rank test on histogram bucket counts: is the canary slower than the baseline beyond
 a tolerance? (docs/concepts.md, "The latency test", has the design and its reasons.)
 
-- Data: vLLM's latency histograms as Prometheus' ``increase(..._bucket[window])`` returns them, pooled from the
-  start of the analysis step. Requests in one bucket are tied; the test is the grouped (ordinal) Mann-Whitney U
+- Data: vLLM's latency histograms as Prometheus' ``increase(..._bucket[window])`` returns them per pod, pooled from
+  the start of the analysis step. Requests in one bucket are tied; the test is the grouped (ordinal) Mann-Whitney U
   with mid-ranks and the tie-corrected variance.
 - Tolerance: H0 "canary <= g(baseline)" with g(x) = max(x * (1 + tolerance), x + floor) is tested by moving the
   baseline's bucket bounds through g and reading the moved baseline on the canary's bounds (interpolated like
   ``quantile_from_buckets``: probit-log inside a bucket, exact for a lognormal).
-- Two one-sided decisions: Failed when the canary is confidently slower than baseline x (1 + maxRegression/2),
-  Successful when it is confidently faster than baseline x (1 + maxRegression), Undecided (more data) otherwise.
+- Pods: each pod's own noise (its node, its queue) is not the requests'. The spread of each role's pods beyond their
+  requests' noise widens the verdict's variance, read as Student's t (``pod_spread``, ``spread_z``).
+- Two one-sided decisions, each tested twice: Failed when the canary is confidently slower than baseline x (1 +
+  rollbackAbove) and than one indifference zone below that; Successful when it is confidently within baseline x
+  (1 + maxRegression) and one zone above that; Undecided (more data) otherwise, and past the last look the run's
+  own outcome (spec.analysis.onUndecided).
 - Error over the looks of a step (at most 2 x successfulIntervals): the pooled statistic has nearly independent
   increments, so the boundaries are group-sequential ones designed for the counters (kvcal.core.sequential): a
   rollback needs failureLimit + 1 Failed looks, a promotion successfulIntervals Successful ones in a row, and each
-  decision errs with probability alpha at its tolerance boundary over all the looks. The boundaries rise with the
-  look (Wang-Tsiatis shape BOUNDARY_SHAPE), spending more of alpha where an early rollback saves the most.
+  test errs with its alpha over all the looks. The boundaries rise with the look (Wang-Tsiatis shape
+  BOUNDARY_SHAPE), spending more of alpha where an early rollback saves the most.
 """
 
 import math
@@ -45,9 +49,11 @@ from kvcal.models.status import AnalysisStatus, Measurement
 # dominate the noise the boundary tests bind; where the pods' own noise does (the zone is within one pod's spread),
 # the tests beyond keep healthy canaries from rollbacks and slow ones from promotions.
 BOUNDARY_ALPHA = 0.10
-BEYOND_ALPHA = 0.01
+BEYOND_ALPHA = 0.005
 # Looks per analysis step, as a multiple of successfulIntervals (the consecutive confident looks a promotion needs).
 LOOKS_PER_SUCCESSFUL_INTERVAL = 2
+# The confidence of the pods' spread's upper bound that sets the verdict's degrees of freedom (spread_z).
+SPREAD_BOUND = 0.90
 # Both boundaries grow as (look / looks)^BOUNDARY_SHAPE (Wang and Tsiatis' family; 0 would be Pocock's constant
 # boundary): more of alpha is spent on the first looks, where a slower canary is caught before it serves for long.
 BOUNDARY_SHAPE = 0.25
@@ -226,11 +232,6 @@ class PodSpread:
     degrees: int  # sum over roles of (pods - 1): the estimate's degrees of freedom
 
     @property
-    def sample(self) -> float:
-        """The pods' mean square: an estimate of pod variance + request variance with ``degrees`` freedom."""
-        return self.squares / self.degrees if self.degrees else 0.0
-
-    @property
     def excess(self) -> float:
         """The between-pod variance beyond the requests' (>= 0): what a canary pod adds to the verdict's variance."""
         return max(0.0, (self.squares - self.request_variance) / self.degrees) if self.degrees else 0.0
@@ -296,13 +297,27 @@ def normal_equivalent(t_statistic: float, degrees: float) -> float:
 
 def spread_z(effect: float, request_deviation: float, spread: PodSpread, weights: float) -> tuple[float, float]:
     """(z, degrees of freedom) of an effect whose variance is its requests' plus ``weights`` x the pods' excess
-    variance; the estimated part's freedom by Satterthwaite's rule, then read on the normal scale."""
-    estimated = weights * spread.sample
+    variance, read as Student's t and put on the normal scale. The degrees are Satterthwaite's, computed with the
+    pods' mean square at its upper SPREAD_BOUND confidence bound and never below the pods' own degrees: computed
+    from the estimate itself they grow exactly when the spread reads low by chance, which let 2% of healthy noisy
+    canaries roll back in benchmarks/bench_analysis.py."""
     variance = request_deviation**2 + weights * spread.excess
     if variance <= 0:
         return 0.0, math.inf
-    degrees = variance**2 / (estimated**2 / spread.degrees) if spread.degrees and estimated > 0 else math.inf
+    if not spread.degrees:
+        return effect / math.sqrt(variance), math.inf
+    pods = spread.degrees
+    upper = spread.squares / chi_square_quantile(1 - SPREAD_BOUND, pods)  # the mean square's upper bound
+    upper_variance = request_deviation**2 + weights * max(0.0, upper - spread.request_variance / pods)
+    degrees = max(float(pods), upper_variance**2 / ((weights * upper) ** 2 / pods)) if upper > 0 else math.inf
     return normal_equivalent(effect / math.sqrt(variance), degrees), degrees
+
+
+def chi_square_quantile(probability: float, degrees: int) -> float:
+    """The chi-square distribution's quantile (Wilson and Hilferty 1931: within 2% from 3 degrees on, low at
+    the lower tail: the upper bound it gives reads a little high)."""
+    shrink = 2 / (9 * degrees)
+    return degrees * max(1e-9, 1 - shrink + _NORMAL.inv_cdf(probability) * math.sqrt(shrink)) ** 3
 
 
 def rank_test(baseline: PodBuckets, canary: PodBuckets, plan: Design, look: int) -> RankResult:
