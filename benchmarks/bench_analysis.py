@@ -35,8 +35,9 @@ from datetime import UTC, datetime
 import numpy as np
 
 from kvcal.core.analysis import AnalysisVerdict, RequestCounts, assess_requests, assess_run
-from kvcal.core.ranktest import Buckets, design
+from kvcal.core.histograms import Buckets
 from kvcal.core.ranktest import assess_latency_check as operator_check
+from kvcal.core.ranktest import design
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
 from kvcal.models.status import AnalysisStatus, Measurement
 

@@ -12,22 +12,16 @@ import numpy as np
 import pytest
 
 from kvcal.core.analysis import RequestCounts, assess_run
+from kvcal.core.histograms import Buckets, cdf_at, cumulative_counts, grouped_mann_whitney, moved_baseline
+from kvcal.core.podspread import chi_square_quantile, normal_equivalent, pod_spread
 from kvcal.core.ranktest import (
     BEYOND_ALPHA,
     BOUNDARY_ALPHA,
     BOUNDARY_SHAPE,
     NO_POD_REFERENCE,
-    Buckets,
     assess_latency_check,
-    cdf_at,
-    chi_square_quantile,
-    cumulative_counts,
     design,
-    grouped_mann_whitney,
     look_number,
-    moved_baseline,
-    normal_equivalent,
-    pod_spread,
     rank_test,
     step_window_seconds,
 )

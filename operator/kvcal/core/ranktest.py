@@ -21,11 +21,9 @@ a tolerance? (docs/concepts.md, "The latency test", has the design and its reaso
 """
 
 import math
-from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from statistics import NormalDist
 from typing import Literal
 
 from kvcal.core.analysis import (
@@ -38,6 +36,8 @@ from kvcal.core.analysis import (
     query_window_seconds,
     too_few_requests,
 )
+from kvcal.core.histograms import Buckets, cumulative_counts, pool, rank_effect
+from kvcal.core.podspread import pod_spread, pod_weights, spread_z
 from kvcal.core.sequential import boundaries
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
 from kvcal.models.status import AnalysisStatus, Measurement
@@ -52,16 +52,12 @@ BOUNDARY_ALPHA = 0.10
 BEYOND_ALPHA = 0.005
 # Looks per analysis step, as a multiple of successfulIntervals (the consecutive confident looks a promotion needs).
 LOOKS_PER_SUCCESSFUL_INTERVAL = 2
-# The confidence of the pods' spread's upper bound that sets the verdict's degrees of freedom (spread_z).
-SPREAD_BOUND = 0.90
 # Both boundaries grow as (look / looks)^BOUNDARY_SHAPE (Wang and Tsiatis' family; 0 would be Pocock's constant
 # boundary): more of alpha is spent on the first looks, where a slower canary is caught before it serves for long.
 BOUNDARY_SHAPE = 0.25
 
-Buckets = Sequence[tuple[float, float]]  # (upper bound le, cumulative count), le=+Inf included
 PodBuckets = Sequence[Buckets]  # one role's buckets, one histogram per pod (``sum by (pod, le)``)
 RankVerdict = Literal["Failed", "Successful", "Undecided"]
-_NORMAL = NormalDist()
 # One pod per role: no pod's own spread to measure; the verdict counts requests alone and says so.
 NO_POD_REFERENCE = "1 baseline pod and 1 canary pod: pod-to-pod noise not measured (run 2+ baseline pods)"
 
@@ -137,189 +133,6 @@ class RankResult:
     degrees: float  # the verdict's degrees of freedom (inf: nothing estimated, e.g. one pod per role)
 
 
-def cumulative_counts(buckets: Buckets) -> list[tuple[float, float]]:
-    """Sorted (le, cumulative) pairs made monotone (increase() can leave tiny float noise); +Inf required."""
-    points = sorted((float(le), float(count)) for le, count in buckets)
-    if not points or not math.isinf(points[-1][0]):
-        raise ValueError("buckets: need the le=+Inf bucket (is the query 'sum by (le) (increase(..._bucket))'?)")
-    out, running = [], 0.0
-    for le, count in points:
-        running = max(running, 0.0 if math.isnan(count) else count)
-        out.append((le, running))
-    return out
-
-
-def cdf_at(points: list[tuple[float, float]], value: float) -> float:
-    """Share of requests at or below ``value`` (``points`` from ``cumulative_counts``): probit-log interpolation
-    inside a bucket (exact for a lognormal), linear in the first bucket and where a bucket bound holds 0% or 100%;
-    the +Inf bucket's requests lie above every finite value."""
-    total = points[-1][1]
-    index = bisect_left(points, value, key=lambda point: point[0])  # the bucket holding value: le >= value
-    upper, count = points[index]
-    lower, below = points[index - 1] if index > 0 else (0.0, 0.0)
-    if math.isinf(upper):
-        return below / total
-    f_lo, f_hi = below / total, count / total
-    if value <= 0 or f_hi == f_lo:
-        return f_lo if value <= lower else f_hi
-    if lower <= 0 or f_lo <= 0 or f_hi >= 1:
-        return f_lo + (f_hi - f_lo) * (value - lower) / (upper - lower)
-    fraction = math.log(value / lower) / math.log(upper / lower)
-    probit = _NORMAL.inv_cdf
-    return _NORMAL.cdf(probit(f_lo) + (probit(f_hi) - probit(f_lo)) * fraction)
-
-
-def moved_baseline(
-    points: list[tuple[float, float]], bounds: Sequence[float], tolerance: float, floor: float
-) -> list[float]:
-    """Cumulative counts, on ``bounds``, of the baseline (``points`` from ``cumulative_counts``) moved through
-    g(x) = max(x (1 + tolerance), x + floor): a moved request is <= b exactly when the request is
-    <= g^-1(b) = min(b / (1 + tolerance), b - floor)."""
-    total = points[-1][1]
-    out = []
-    for bound in bounds:
-        if math.isinf(bound):
-            out.append(total)
-            continue
-        inverse = min(bound / (1 + tolerance), bound - floor)
-        out.append(total * cdf_at(points, inverse) if inverse > 0 and total > 0 else 0.0)
-    return out
-
-
-def grouped_mann_whitney(baseline: Sequence[float], canary: Sequence[float]) -> tuple[float, float, float]:
-    """(U, its mean, its standard deviation) under H0 for per-category counts in ascending order; U counts the
-    (canary, baseline) pairs where the canary is slower, ties (same category) as half. The variance is the
-    permutation variance with the tie correction (ranks within a category are mid-ranks)."""
-    n_baseline, n_canary = sum(baseline), sum(canary)
-    total = n_baseline + n_canary
-    u_statistic, below = 0.0, 0.0
-    ties = 0.0
-    for in_baseline, in_canary in zip(baseline, canary, strict=True):
-        u_statistic += in_canary * (below + in_baseline / 2)
-        below += in_baseline
-        tied = in_baseline + in_canary
-        ties += tied**3 - tied
-    mean = n_baseline * n_canary / 2
-    if total < 2:
-        return u_statistic, mean, 0.0
-    variance = n_baseline * n_canary / 12 * ((total + 1) - ties / (total * (total - 1)))
-    return u_statistic, mean, math.sqrt(max(variance, 0.0))
-
-
-def rank_effect(
-    baseline: list[tuple[float, float]], canary: list[tuple[float, float]], tolerance: float, floor: float
-) -> tuple[float, float]:
-    """(effect, its request-level standard deviation) of the grouped Mann-Whitney test of the canary against the
-    baseline moved through g, both as ``cumulative_counts`` returns them: effect = U / pairs - 1/2, the probability
-    that a canary request is slower than a (moved) baseline one beyond even odds; 0 when either side is empty."""
-    canary_cells = _cells([count for _, count in canary])
-    baseline_cells = _cells(moved_baseline(baseline, [le for le, _ in canary], tolerance, floor))
-    u_statistic, _, deviation = grouped_mann_whitney(baseline_cells, canary_cells)
-    pairs = sum(baseline_cells) * sum(canary_cells)
-    if pairs <= 0:
-        return 0.0, 0.0
-    return u_statistic / pairs - 0.5, deviation / pairs
-
-
-@dataclass(frozen=True)
-class PodSpread:
-    """How much one pod's pooled histogram differs from its role's beyond its requests' own noise, on the effect
-    scale (the pods of a role are replicates of one another under the same traffic: their spread holds the node
-    offsets and each pod's own load that a canary pod also has, and that request counting alone cannot see)."""
-
-    squares: float  # sum over roles of the squared deviations of pod effects from their role's mean
-    request_variance: float  # sum over roles of (pods - 1) x the mean request-level variance of those deviations
-    degrees: int  # sum over roles of (pods - 1): the estimate's degrees of freedom
-
-    @property
-    def excess(self) -> float:
-        """The between-pod variance beyond the requests' (>= 0): what a canary pod adds to the verdict's variance."""
-        return max(0.0, (self.squares - self.request_variance) / self.degrees) if self.degrees else 0.0
-
-
-def pod_spread(roles: Sequence[Sequence[list[tuple[float, float]]]]) -> PodSpread:
-    """The between-pod spread of each role's pods (each as ``cumulative_counts``), pooled over roles: each pod is
-    compared with the rest of its role (a leave-one-out rank effect, scaled by 1 - its share of the role's requests
-    to read as its deviation from the role's pool, and its variance with it)."""
-    squares = request_variance = 0.0
-    degrees = 0
-    for pods in roles:
-        pods = [pod for pod in pods if pod[-1][1] > 0]
-        if len(pods) < 2:
-            continue
-        total = sum(pod[-1][1] for pod in pods)
-        deviations, variances = [], []
-        for index, pod in enumerate(pods):
-            rest = pool([other for position, other in enumerate(pods) if position != index])
-            effect, deviation = rank_effect(rest, pod, 0.0, 0.0)
-            outside = 1 - pod[-1][1] / total
-            deviations.append(effect * outside)
-            variances.append((deviation * outside) ** 2)
-        mean = sum(deviations) / len(deviations)
-        squares += sum((each - mean) ** 2 for each in deviations)
-        request_variance += (len(pods) - 1) * sum(variances) / len(variances)
-        degrees += len(pods) - 1
-    return PodSpread(squares=squares, request_variance=request_variance, degrees=degrees)
-
-
-def pool(pods: Sequence[list[tuple[float, float]]]) -> list[tuple[float, float]]:
-    """One histogram of several pods' (as ``cumulative_counts``): counts summed on the union of their bounds (a
-    bound one pod lacks reads that pod's interpolated CDF)."""
-    if len(pods) == 1:
-        return pods[0]
-    bounds = sorted({le for pod in pods for le, _ in pod})
-    totals = [0.0] * len(bounds)
-    for pod in pods:
-        own = dict(pod)
-        pod_total = pod[-1][1]
-        for index, bound in enumerate(bounds):
-            totals[index] += own[bound] if bound in own else pod_total * cdf_at(pod, bound) if pod_total > 0 else 0.0
-    return list(zip(bounds, totals, strict=True))
-
-
-def pod_weights(pods: Sequence[list[tuple[float, float]]]) -> float:
-    """Sum of the squared request shares of a role's pods: how much of one pod's own spread reaches the role's
-    pooled histogram (1 for one pod, 1/m for m pods with equal traffic)."""
-    totals = [pod[-1][1] for pod in pods]
-    whole = sum(totals)
-    return sum((each / whole) ** 2 for each in totals) if whole > 0 else 1.0
-
-
-def normal_equivalent(t_statistic: float, degrees: float) -> float:
-    """The standard normal quantile with the tail probability of Student's t at ``degrees`` (Wallace 1959: within
-    0.03 of the exact value from 2 degrees on, and on the low side: a verdict reads slightly less certain)."""
-    if math.isinf(degrees) or t_statistic == 0:
-        return t_statistic
-    degrees = max(degrees, 1.0)
-    magnitude = math.sqrt(degrees * math.log1p(t_statistic * t_statistic / degrees))
-    return math.copysign((8 * degrees + 1) / (8 * degrees + 3) * magnitude, t_statistic)
-
-
-def spread_z(effect: float, request_deviation: float, spread: PodSpread, weights: float) -> tuple[float, float]:
-    """(z, degrees of freedom) of an effect whose variance is its requests' plus ``weights`` x the pods' excess
-    variance, read as Student's t and put on the normal scale. The degrees are Satterthwaite's, computed with the
-    pods' mean square at its upper SPREAD_BOUND confidence bound and never below the pods' own degrees: computed
-    from the estimate itself they grow exactly when the spread reads low by chance, which let 2% of healthy noisy
-    canaries roll back in benchmarks/bench_analysis.py."""
-    variance = request_deviation**2 + weights * spread.excess
-    if variance <= 0:
-        return 0.0, math.inf
-    if not spread.degrees:
-        return effect / math.sqrt(variance), math.inf
-    pods = spread.degrees
-    upper = spread.squares / chi_square_quantile(1 - SPREAD_BOUND, pods)  # the mean square's upper bound
-    upper_variance = request_deviation**2 + weights * max(0.0, upper - spread.request_variance / pods)
-    degrees = max(float(pods), upper_variance**2 / ((weights * upper) ** 2 / pods)) if upper > 0 else math.inf
-    return normal_equivalent(effect / math.sqrt(variance), degrees), degrees
-
-
-def chi_square_quantile(probability: float, degrees: int) -> float:
-    """The chi-square distribution's quantile (Wilson and Hilferty 1931: within 2% from 3 degrees on, low at
-    the lower tail: the upper bound it gives reads a little high)."""
-    shrink = 2 / (9 * degrees)
-    return degrees * max(1e-9, 1 - shrink + _NORMAL.inv_cdf(probability) * math.sqrt(shrink)) ** 3
-
-
 def rank_test(baseline: PodBuckets, canary: PodBuckets, plan: Design, look: int) -> RankResult:
     """Look ``look`` of the sequential test on each pod's buckets pooled since the step began (see the module's
     docstring): the rank effect of the roles' pools, its variance widened by the pods' own spread."""
@@ -356,10 +169,6 @@ def rank_test(baseline: PodBuckets, canary: PodBuckets, plan: Design, look: int)
         pod_deviation=math.sqrt(spread.excess),
         degrees=degrees,
     )
-
-
-def _cells(cumulative: Sequence[float]) -> list[float]:
-    return [max(0.0, high - low) for low, high in zip([0.0, *cumulative[:-1]], cumulative, strict=True)]
 
 
 def assess_rank(

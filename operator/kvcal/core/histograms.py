@@ -1,0 +1,114 @@
+"""Latency histograms as Prometheus returns their buckets, read for the rank test (kvcal.core.ranktest): cumulative
+counts, the CDF between bucket bounds, a baseline moved by a tolerance, the grouped Mann-Whitney statistic and its
+effect, and several pods' histograms pooled into one."""
+
+import math
+from bisect import bisect_left
+from collections.abc import Sequence
+from statistics import NormalDist
+
+Buckets = Sequence[tuple[float, float]]  # (upper bound le, cumulative count), le=+Inf included
+_NORMAL = NormalDist()
+
+
+def cumulative_counts(buckets: Buckets) -> list[tuple[float, float]]:
+    """Sorted (le, cumulative) pairs made monotone (increase() can leave tiny float noise); +Inf required."""
+    points = sorted((float(le), float(count)) for le, count in buckets)
+    if not points or not math.isinf(points[-1][0]):
+        raise ValueError("buckets: need the le=+Inf bucket (is the query 'sum by (le) (increase(..._bucket))'?)")
+    out, running = [], 0.0
+    for le, count in points:
+        running = max(running, 0.0 if math.isnan(count) else count)
+        out.append((le, running))
+    return out
+
+
+def cdf_at(points: list[tuple[float, float]], value: float) -> float:
+    """Share of requests at or below ``value`` (``points`` from ``cumulative_counts``): probit-log interpolation
+    inside a bucket (exact for a lognormal), linear in the first bucket and where a bucket bound holds 0% or 100%;
+    the +Inf bucket's requests lie above every finite value."""
+    total = points[-1][1]
+    index = bisect_left(points, value, key=lambda point: point[0])  # the bucket holding value: le >= value
+    upper, count = points[index]
+    lower, below = points[index - 1] if index > 0 else (0.0, 0.0)
+    if math.isinf(upper):
+        return below / total
+    f_lo, f_hi = below / total, count / total
+    if value <= 0 or f_hi == f_lo:
+        return f_lo if value <= lower else f_hi
+    if lower <= 0 or f_lo <= 0 or f_hi >= 1:
+        return f_lo + (f_hi - f_lo) * (value - lower) / (upper - lower)
+    fraction = math.log(value / lower) / math.log(upper / lower)
+    probit = _NORMAL.inv_cdf
+    return _NORMAL.cdf(probit(f_lo) + (probit(f_hi) - probit(f_lo)) * fraction)
+
+
+def moved_baseline(
+    points: list[tuple[float, float]], bounds: Sequence[float], tolerance: float, floor: float
+) -> list[float]:
+    """Cumulative counts, on ``bounds``, of the baseline (``points`` from ``cumulative_counts``) moved through
+    g(x) = max(x (1 + tolerance), x + floor): a moved request is <= b exactly when the request is
+    <= g^-1(b) = min(b / (1 + tolerance), b - floor)."""
+    total = points[-1][1]
+    out = []
+    for bound in bounds:
+        if math.isinf(bound):
+            out.append(total)
+            continue
+        inverse = min(bound / (1 + tolerance), bound - floor)
+        out.append(total * cdf_at(points, inverse) if inverse > 0 and total > 0 else 0.0)
+    return out
+
+
+def grouped_mann_whitney(baseline: Sequence[float], canary: Sequence[float]) -> tuple[float, float, float]:
+    """(U, its mean, its standard deviation) under H0 for per-category counts in ascending order; U counts the
+    (canary, baseline) pairs where the canary is slower, ties (same category) as half. The variance is the
+    permutation variance with the tie correction (ranks within a category are mid-ranks)."""
+    n_baseline, n_canary = sum(baseline), sum(canary)
+    total = n_baseline + n_canary
+    u_statistic, below = 0.0, 0.0
+    ties = 0.0
+    for in_baseline, in_canary in zip(baseline, canary, strict=True):
+        u_statistic += in_canary * (below + in_baseline / 2)
+        below += in_baseline
+        tied = in_baseline + in_canary
+        ties += tied**3 - tied
+    mean = n_baseline * n_canary / 2
+    if total < 2:
+        return u_statistic, mean, 0.0
+    variance = n_baseline * n_canary / 12 * ((total + 1) - ties / (total * (total - 1)))
+    return u_statistic, mean, math.sqrt(max(variance, 0.0))
+
+
+def rank_effect(
+    baseline: list[tuple[float, float]], canary: list[tuple[float, float]], tolerance: float, floor: float
+) -> tuple[float, float]:
+    """(effect, its request-level standard deviation) of the grouped Mann-Whitney test of the canary against the
+    baseline moved through g, both as ``cumulative_counts`` returns them: effect = U / pairs - 1/2, the probability
+    that a canary request is slower than a (moved) baseline one beyond even odds; 0 when either side is empty."""
+    canary_cells = _cells([count for _, count in canary])
+    baseline_cells = _cells(moved_baseline(baseline, [le for le, _ in canary], tolerance, floor))
+    u_statistic, _, deviation = grouped_mann_whitney(baseline_cells, canary_cells)
+    pairs = sum(baseline_cells) * sum(canary_cells)
+    if pairs <= 0:
+        return 0.0, 0.0
+    return u_statistic / pairs - 0.5, deviation / pairs
+
+
+def pool(pods: Sequence[list[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """One histogram of several pods' (as ``cumulative_counts``): counts summed on the union of their bounds (a
+    bound one pod lacks reads that pod's interpolated CDF)."""
+    if len(pods) == 1:
+        return pods[0]
+    bounds = sorted({le for pod in pods for le, _ in pod})
+    totals = [0.0] * len(bounds)
+    for pod in pods:
+        own = dict(pod)
+        pod_total = pod[-1][1]
+        for index, bound in enumerate(bounds):
+            totals[index] += own[bound] if bound in own else pod_total * cdf_at(pod, bound) if pod_total > 0 else 0.0
+    return list(zip(bounds, totals, strict=True))
+
+
+def _cells(cumulative: Sequence[float]) -> list[float]:
+    return [max(0.0, high - low) for low, high in zip([0.0, *cumulative[:-1]], cumulative, strict=True)]
