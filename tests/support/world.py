@@ -68,8 +68,7 @@ class FakeMetrics:
         # Look 1 every time: these tests hold the fake over many 1 s intervals, which the clock would count as looks.
         buckets, pods = (BASELINE_BUCKETS, CANARY_BUCKETS), ([BASELINE_BUCKETS], [CANARY_BUCKETS])
         return [
-            assess_latency_check(check, spec, buckets, pods, look=1, requests=counts, at=at)
-            for check in spec.latency
+            assess_latency_check(check, spec, buckets, pods, look=1, requests=counts, at=at) for check in spec.latency
         ] or [Measurement(metric="ttft-p95", phase="Successful", at=at, baseline=0.100, canary=0.101)]
 
 
