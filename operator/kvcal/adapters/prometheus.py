@@ -201,15 +201,12 @@ def series_labels(client: QueryClient, query: str) -> list[dict[str, str]]:
 
 def buckets(client: QueryClient, query: str) -> list[tuple[float, float]]:
     """(le, cumulative rate) pairs of a ``sum by (le)`` bucket query; empty when there is no data."""
-    result = run_query(client, query)
-    try:
-        return [(float(r["metric"]["le"]), float(r["value"][1])) for r in result]
-    except (KeyError, ValueError) as exc:
-        raise QueryError(f"bucket query returned series without a numeric 'le' label: {exc}") from exc
+    return next(iter(pod_buckets(client, query)), [])
 
 
 def pod_buckets(client: QueryClient, query: str) -> list[list[tuple[float, float]]]:
-    """One ``buckets`` list per pod of a ``sum by (pod, instance, le)`` query, in a stable order."""
+    """One ``buckets`` list per pod of a ``sum by (pod, instance, le)`` query, in a stable order (one list, or none,
+    for a ``sum by (le)`` query)."""
     result = run_query(client, query)
     pods: dict[tuple[str, str], list[tuple[float, float]]] = {}
     try:

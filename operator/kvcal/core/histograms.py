@@ -95,19 +95,25 @@ def rank_effect(
     return u_statistic / pairs - 0.5, deviation / pairs
 
 
+def on_bounds(pods: Sequence[list[tuple[float, float]]]) -> tuple[list[float], list[list[float]]]:
+    """The union of several pods' bounds (each pod as ``cumulative_counts``) and each pod's cumulative counts read on
+    it (a bound one pod lacks reads that pod's interpolated CDF)."""
+    bounds = sorted({le for pod in pods for le, _ in pod})
+    counts = []
+    for pod in pods:
+        own, total = dict(pod), pod[-1][1]
+        counts.append(
+            [own[bound] if bound in own else total * cdf_at(pod, bound) if total > 0 else 0.0 for bound in bounds]
+        )
+    return bounds, counts
+
+
 def pool(pods: Sequence[list[tuple[float, float]]]) -> list[tuple[float, float]]:
-    """One histogram of several pods' (as ``cumulative_counts``): counts summed on the union of their bounds (a
-    bound one pod lacks reads that pod's interpolated CDF)."""
+    """One histogram of several pods' (as ``cumulative_counts``): their counts summed on the union of their bounds."""
     if len(pods) == 1:
         return pods[0]
-    bounds = sorted({le for pod in pods for le, _ in pod})
-    totals = [0.0] * len(bounds)
-    for pod in pods:
-        own = dict(pod)
-        pod_total = pod[-1][1]
-        for index, bound in enumerate(bounds):
-            totals[index] += own[bound] if bound in own else pod_total * cdf_at(pod, bound) if pod_total > 0 else 0.0
-    return list(zip(bounds, totals, strict=True))
+    bounds, counts = on_bounds(pods)
+    return list(zip(bounds, map(sum, zip(*counts, strict=True)), strict=True))
 
 
 def _cells(cumulative: Sequence[float]) -> list[float]:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from kvcal.core.histograms import pool, rank_effect
+from kvcal.core.histograms import on_bounds, rank_effect
 
 # The confidence of the pods' spread's upper bound that sets the verdict's degrees of freedom (spread_z).
 SPREAD_BOUND = 0.90
@@ -39,12 +39,14 @@ def pod_spread(roles: Sequence[Sequence[list[tuple[float, float]]]]) -> PodSprea
         pods = [pod for pod in pods if pod[-1][1] > 0]
         if len(pods) < 2:
             continue
-        total = sum(pod[-1][1] for pod in pods)
+        bounds, counts = on_bounds(pods)
+        role = [sum(column) for column in zip(*counts, strict=True)]  # the role's pool, once: each rest is it - a pod
         deviations, variances = [], []
-        for index, pod in enumerate(pods):
-            rest = pool([other for position, other in enumerate(pods) if position != index])
-            effect, deviation = rank_effect(rest, pod, 0.0, 0.0)
-            outside = 1 - pod[-1][1] / total
+        for own in counts:
+            rest = [whole - mine for whole, mine in zip(role, own, strict=True)]
+            rest_points, own_points = (list(zip(bounds, each, strict=True)) for each in (rest, own))
+            effect, deviation = rank_effect(rest_points, own_points, 0.0, 0.0)
+            outside = 1 - own[-1] / role[-1]
             deviations.append(effect * outside)
             variances.append((deviation * outside) ** 2)
         mean = sum(deviations) / len(deviations)

@@ -58,7 +58,7 @@ BOUNDARY_SHAPE = 0.25
 
 PodBuckets = Sequence[Buckets]  # one role's buckets, one histogram per pod (``sum by (pod, le)``)
 RankVerdict = Literal["Failed", "Successful", "Undecided"]
-# One pod per role: no pod's own spread to measure; the verdict counts requests alone and says so.
+# No role with two pods that answered: no pod's own spread to measure; the verdict counts requests alone and says so.
 NO_POD_REFERENCE = "1 baseline pod and 1 canary pod: pod-to-pod noise not measured (run 2+ baseline pods)"
 
 
@@ -129,6 +129,7 @@ class RankResult:
     canary_requests: float
     slower: float  # P(canary request slower than a baseline request), ties half: 0.5 = same distribution
     pods: tuple[int, int]  # (baseline, canary) pods with a histogram
+    pod_degrees: int  # the pods' spread's degrees of freedom: 0 when no role has two pods with requests
     pod_deviation: float  # the pods' own spread beyond their requests' (standard deviation on the effect scale)
     degrees: float  # the verdict's degrees of freedom (inf: nothing estimated, e.g. one pod per role)
 
@@ -166,6 +167,7 @@ def rank_test(baseline: PodBuckets, canary: PodBuckets, plan: Design, look: int)
         canary_requests=canary_points[-1][1],
         slower=slower + 0.5,
         pods=(len(baseline_pods), len(canary_pods)),
+        pod_degrees=spread.degrees,
         pod_deviation=math.sqrt(spread.excess),
         degrees=degrees,
     )
@@ -226,7 +228,7 @@ def assess_rank(
 
 def _pods(result: RankResult) -> str:
     baseline, canary = result.pods
-    if math.isinf(result.degrees) and baseline < 2 and canary < 2:
+    if result.pod_degrees == 0:
         return NO_POD_REFERENCE
     return f"pods {baseline}+{canary}, pod spread {result.pod_deviation:.3f} (df {min(result.degrees, 999):.1f})"
 
