@@ -20,7 +20,10 @@ Rows, all on the same simulated rollouts:
   failed checks, promotes after 5 passed ones;
 - ``oracle``: the rank test's sequential design (same tolerances, per-look boundaries, looks, alpha, counters) on a
   Welch t-test of the raw log latencies that counts requests alone (no pod's own noise), which Prometheus never
-  sees: the ceiling where requests are the only noise.
+  sees: the ceiling where requests are the only noise;
+- ``oracle, the pods' noise known`` (every row): the same with the variance the pods' node offsets and own load add,
+  as the simulation drew them, known exactly instead of estimated from a few pods: the ceiling of any verdict that
+  must hold on noisy pods, which the rank test approaches only as the pods' degrees of freedom grow.
 
 Run: .venv/bin/python benchmarks/bench_analysis.py [--runs 300] [--seed 0] [--quick]
 """
@@ -31,11 +34,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Literal
 
 import numpy as np
 
 from kvcal.core.analysis import AnalysisVerdict, RequestCounts, assess_requests, assess_run
 from kvcal.core.histograms import Buckets
+from kvcal.core.podspread import PodSpread, spread_z
 from kvcal.core.ranktest import assess_latency_check as operator_check
 from kvcal.core.ranktest import design
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
@@ -102,8 +107,8 @@ TODAY = Pods()
 class Side:
     counts: np.ndarray  # runs x intervals x buckets (+Inf last), per interval, the role's pods summed
     pods: np.ndarray  # runs x intervals x pods x buckets, per pod, summed since the step's first interval
-    log_sum: np.ndarray  # runs x intervals, pooled: sum, sum of squares and count of log latencies (oracle)
-    log_squares: np.ndarray
+    log_sum: np.ndarray  # runs x intervals x pods, since the step began: sum, sum of squares and count of log
+    log_squares: np.ndarray  # latencies (the oracles)
     n: np.ndarray
 
     @property
@@ -131,16 +136,15 @@ def side(rng: np.random.Generator, scenario: Scenario, n: np.ndarray, scale: np.
     counts = np.zeros((cells, len(TTFT_BUCKETS) + 1), dtype=np.int64)
     np.add.at(counts, (owner, index), 1)
     logs = np.log(samples)
-    interval_of = owner // pods
-    log_sum = np.bincount(interval_of, logs, runs * intervals).reshape(runs, intervals)
-    log_squares = np.bincount(interval_of, logs * logs, runs * intervals).reshape(runs, intervals)
+    log_sum = np.bincount(owner, logs, cells).reshape(runs, intervals, pods)
+    log_squares = np.bincount(owner, logs * logs, cells).reshape(runs, intervals, pods)
     counts = counts.reshape(runs, intervals, pods, -1)
     return Side(
         counts=counts.sum(axis=2),
         pods=counts.cumsum(axis=1),
         log_sum=log_sum.cumsum(axis=1),
         log_squares=log_squares.cumsum(axis=1),
-        n=n.sum(axis=2).cumsum(axis=1),
+        n=n.cumsum(axis=1),
     )
 
 
@@ -207,38 +211,64 @@ def operator_decider(spec: AnalysisSpec) -> Decider:
     return roll_out
 
 
-def oracle_decider(spec: AnalysisSpec) -> Decider:
-    """The rank test's design on a Welch t-test of raw log latencies (pooled since the step began)."""
+# How an oracle counts the pods' own noise: not at all (requests alone), as the simulation drew it, or estimated from
+# each pod's raw mean log latency with the rank test's own estimator (kvcal.core.podspread).
+PodNoise = Literal["ignored", "known", "estimated"]
+
+
+@dataclass(frozen=True)
+class Moments:
+    """One role's raw log latencies since the step began, per pod: count, mean and variance."""
+
+    n: np.ndarray
+    mean: np.ndarray
+    variance: np.ndarray
+
+    @classmethod
+    def of(cls, role: Side, run: int, interval: int) -> "Moments":
+        n = role.n[run, interval].astype(float)
+        mean = role.log_sum[run, interval] / np.maximum(n, 1)
+        variance = (role.log_squares[run, interval] - n * mean * mean) / np.maximum(n - 1, 1)
+        return cls(n, mean, variance)
+
+    def pooled(self) -> tuple[float, float, float]:
+        total = float(self.n.sum())
+        mean = float((self.n * self.mean).sum()) / max(total, 1)
+        squares = float((self.variance * np.maximum(self.n - 1, 0) + self.n * self.mean**2).sum())
+        return total, mean, (squares - total * mean * mean) / max(total - 1, 1)
+
+
+def oracle_decider(spec: AnalysisSpec, pods: Pods = TODAY, noise: PodNoise = "ignored") -> Decider:
+    """The rank test's design (tolerances, per-look boundaries, looks, counters) on a Welch t-test of raw log
+    latencies pooled since the step began, with the pods' own noise ``noise``."""
     plan = design(spec.latency[0], spec)
-    slower, within = math.log(1 + plan.rollback_tolerance), math.log(1 + plan.promote_tolerance)
-    healthy, regressed = math.log(1 + plan.healthy_tolerance), math.log(1 + plan.regressed_tolerance)
+    tolerances = [math.log(1 + each) for each in (plan.rollback_tolerance, plan.healthy_tolerance,
+                                                   plan.promote_tolerance, plan.regressed_tolerance)]  # fmt: skip
 
     def roll_out(sim: Simulation, run: int) -> tuple[str, int]:
         status = AnalysisStatus()
         for interval in range(MAX_INTERVALS):
-            moments = []
-            for role in (sim.baseline, sim.canary):
-                n = float(role.n[run, interval])
-                mean = role.log_sum[run, interval] / max(n, 1)
-                variance = (role.log_squares[run, interval] - n * mean * mean) / max(n - 1, 1)
-                moments.append((n, mean, variance))
-            (n_base, mean_base, var_base), (n_canary, mean_canary, var_canary) = moments
+            roles = [Moments.of(role, run, interval) for role in (sim.baseline, sim.canary)]
+            (n_base, mean_base, var_base), (n_canary, mean_canary, var_canary) = (role.pooled() for role in roles)
             n_now = float(sim.canary.counts[run, interval].sum())
-            if n_now < spec.min_requests or n_base < 2 or n_canary < 2 or interval + 1 > plan.looks:
+            exhausted = interval + 1 > plan.looks  # as the rank test: its last look passed, onUndecided decides
+            if n_now < spec.min_requests or n_base < 2 or n_canary < 2:
                 phase = "Inconclusive"
+            elif exhausted:
+                phase = "Undecided"
             else:
-                deviation = math.sqrt(var_base / n_base + var_canary / n_canary)
-                z_slower = (mean_canary - mean_base - slower) / deviation
-                z_within = (mean_canary - mean_base - within) / deviation
+                requests = math.sqrt(var_base / n_base + var_canary / n_canary)
+                z_slower, z_healthy, z_within, z_regressed = (
+                    oracle_z(mean_canary - mean_base - each, requests, roles, pods, noise, interval + 1)
+                    for each in tolerances
+                )
                 rollback_critical, healthy_critical, promote_critical, regressed_critical = plan.critical(interval + 1)
-                z_healthy = (mean_canary - mean_base - healthy) / deviation
-                z_regressed = (mean_canary - mean_base - regressed) / deviation
                 phase = (
                     "Failed" if z_slower >= rollback_critical and z_healthy >= healthy_critical
                     else "Successful" if z_within <= -promote_critical and z_regressed <= -regressed_critical
                     else "Undecided"
                 )  # fmt: skip
-            measured = [Measurement(metric="ttft-mean", phase=phase, at=f"t{interval}")]  # type: ignore[arg-type]
+            measured = [Measurement(metric="ttft-mean", phase=phase, at=f"t{interval}", exhausted=exhausted or None)]  # type: ignore[arg-type]
             verdict = assess_run(spec, status, measured, NOW)
             status = verdict.status
             if verdict.outcome != "Running":
@@ -246,6 +276,33 @@ def oracle_decider(spec: AnalysisSpec) -> Decider:
         return "Undecided", MAX_INTERVALS
 
     return roll_out
+
+
+def oracle_z(effect: float, requests: float, roles: list[Moments], pods: Pods, noise: PodNoise, looks: int) -> float:
+    if noise == "ignored":
+        return effect / requests
+    if noise == "known":  # each role's pool moves by (node^2 + own^2 / looks) / its pods
+        one_pod = pods.node**2 + pods.own**2 / looks
+        return effect / math.sqrt(requests**2 + one_pod / pods.baseline + one_pod / pods.canary)
+    squares = request_variance = weights = 0.0
+    degrees = 0
+    for role in roles:
+        total, _, variance = role.pooled()
+        shares = role.n / max(total, 1)
+        weights += float((shares**2).sum())
+        answered = role.n > 1
+        if answered.sum() < 2:
+            continue
+        # Each pod's deviation from its role's pool, and its requests' variance (the pod against the rest, scaled
+        # by 1 - its share), as kvcal.core.podspread.pod_spread reads them from histograms.
+        deviations = role.mean[answered] - float((role.n * role.mean).sum()) / total
+        outside = 1 - shares[answered]
+        variances = outside**2 * variance * (1 / role.n[answered] + 1 / (total - role.n[answered]))
+        squares += float(((deviations - deviations.mean()) ** 2).sum())
+        request_variance += (len(deviations) - 1) * float(variances.mean())
+        degrees += len(deviations) - 1
+    z, _ = spread_z(effect, requests, PodSpread(squares, request_variance, degrees), weights)
+    return z
 
 
 def flagger_decider(max_p95: float, threshold: int = 2, iterations: int = 5, min_requests: int = 50) -> Decider:
@@ -380,6 +437,10 @@ def main() -> None:
                 ("Flagger-like p95 <= nominal x1.1", flagger_decider(nominal * 1.10)),
                 ("oracle: t-test on raw log TTFT", oracle_decider(RANK)),
             ]
+        methods += [
+            ("oracle, the pods' noise estimated", oracle_decider(cell.spec, pods, "estimated")),
+            ("oracle, the pods' noise known", oracle_decider(cell.spec, pods, "known")),
+        ]
         for method, decider in methods:
             print(row(scenario.name, canary, pods, method, evaluate(decider, regressed, healthy, args.runs)),
                   flush=True)  # fmt: skip
