@@ -12,7 +12,16 @@ vLLM's TTFT buckets, ~300 canary requests per interval, the default spec).
 
 import numpy as np
 import pytest
-from benchmarks.bench_analysis import RANK, SCENARIOS, TODAY, Pods, evaluate, operator_decider, simulate
+from benchmarks.bench_analysis import (
+    RANK,
+    SCENARIOS,
+    TODAY,
+    Pods,
+    evaluate,
+    operator_decider,
+    oracle_decider,
+    simulate,
+)
 
 
 @pytest.mark.parametrize(
@@ -29,3 +38,22 @@ def test_guarantee_and_detection_at_300_canary_requests_per_interval(pods: Pods,
     if detect3 is not None:
         assert result["detect3"] >= detect3, result
         assert result["promoted"] >= 97.0, result  # promotion stays possible: confident, not merely unrefuted
+
+
+def test_the_efficiency_goal_is_the_price_of_estimating_the_pods_noise() -> None:
+    """Where detection goes (docs/operations.md, "Tuning the analysis"): with a canary pod's own load at 5% per
+    interval, node offsets at 2% and 4 baseline pods, the rank test's design on raw latencies reaches the issue's
+    90% within 10 intervals only when told the pods' noise; estimating it from the pods there are (3 degrees of
+    freedom) leaves a fraction of that, and both keep the guarantee."""
+    rng = np.random.default_rng(0)
+    runs = 300
+    pods = Pods(baseline=4, own=0.05, node=0.02)
+    regressed = simulate(rng, SCENARIOS["lognormal"], runs, 300, regressed=True, pods=pods)
+    healthy = simulate(rng, SCENARIOS["lognormal"], runs, 300, regressed=False, pods=pods)
+    known = evaluate(oracle_decider(RANK, pods, "known"), regressed, healthy, runs)
+    estimated = evaluate(oracle_decider(RANK, pods, "estimated"), regressed, healthy, runs)
+    for result in (known, estimated):
+        assert result["false"] <= 1.0, result
+        assert result["missed"] <= 1.0, result
+    assert known["detect10"] >= 85.0, known
+    assert estimated["detect10"] <= known["detect10"] / 2, (estimated, known)
