@@ -21,9 +21,11 @@ Rows, all on the same simulated rollouts:
 - ``oracle``: the rank test's sequential design (same tolerances, per-look boundaries, looks, alpha, counters) on a
   Welch t-test of the raw log latencies that counts requests alone (no pod's own noise), which Prometheus never
   sees: the ceiling where requests are the only noise;
+- ``oracle, the pods' noise estimated`` (every row): the same with the pods' noise estimated from each pod's raw
+  mean by the rank test's own estimator (kvcal.core.podspread): what histograms cost, against the rank test's row;
 - ``oracle, the pods' noise known`` (every row): the same with the variance the pods' node offsets and own load add,
-  as the simulation drew them, known exactly instead of estimated from a few pods: the ceiling of any verdict that
-  must hold on noisy pods, which the rank test approaches only as the pods' degrees of freedom grow.
+  as the simulation drew them, known instead of estimated: what estimating it from a few pods costs, against the
+  row above (a price any verdict pays that must hold for pods whose noise nobody stated).
 
 Run: .venv/bin/python benchmarks/bench_analysis.py [--runs 300] [--seed 0] [--quick]
 """
@@ -279,6 +281,8 @@ def oracle_decider(spec: AnalysisSpec, pods: Pods = TODAY, noise: PodNoise = "ig
 
 
 def oracle_z(effect: float, requests: float, roles: list[Moments], pods: Pods, noise: PodNoise, looks: int) -> float:
+    """The z of a difference of mean log latencies (less a tolerance) whose requests' standard deviation is
+    ``requests``, with the pods' own noise counted as ``noise`` says."""
     if noise == "ignored":
         return effect / requests
     if noise == "known":  # each role's pool moves by (node^2 + own^2 / looks) / its pods
