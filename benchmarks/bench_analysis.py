@@ -42,7 +42,7 @@ import numpy as np
 
 from kvcal.core.analysis import AnalysisVerdict, RequestCounts, assess_requests, assess_run
 from kvcal.core.histograms import Buckets
-from kvcal.core.podspread import PodSpread, spread_z
+from kvcal.core.podspread import spread_of, spread_z
 from kvcal.core.ranktest import assess_latency_check as operator_check
 from kvcal.core.ranktest import design
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
@@ -260,9 +260,9 @@ def oracle_decider(spec: AnalysisSpec, pods: Pods = TODAY, noise: PodNoise = "ig
                 phase = "Undecided"
             else:
                 requests = math.sqrt(var_base / n_base + var_canary / n_canary)
-                z_slower, z_healthy, z_within, z_regressed = (
-                    oracle_z(mean_canary - mean_base - each, requests, roles, pods, noise, interval + 1)
-                    for each in tolerances
+                differences = [mean_canary - mean_base - each for each in tolerances]
+                z_slower, z_healthy, z_within, z_regressed = oracle_zs(
+                    differences, requests, roles, pods, noise, interval + 1
                 )
                 rollback_critical, healthy_critical, promote_critical, regressed_critical = plan.critical(interval + 1)
                 phase = (
@@ -280,18 +280,20 @@ def oracle_decider(spec: AnalysisSpec, pods: Pods = TODAY, noise: PodNoise = "ig
     return roll_out
 
 
-def oracle_z(effect: float, requests: float, roles: list[Moments], pods: Pods, noise: PodNoise, looks: int) -> float:
-    """The z of a difference of mean log latencies (less a tolerance) whose requests' standard deviation is
+def oracle_zs(
+    effects: list[float], requests: float, roles: list[Moments], pods: Pods, noise: PodNoise, looks: int
+) -> list[float]:
+    """The z of each difference of mean log latencies (less a tolerance) whose requests' standard deviation is
     ``requests``, with the pods' own noise counted as ``noise`` says."""
     if noise == "ignored":
-        return effect / requests
+        return [effect / requests for effect in effects]
     if noise == "known":  # each role's pool moves by (node^2 + own^2 / looks) / its pods
         one_pod = pods.node**2 + pods.own**2 / looks
-        return effect / math.sqrt(requests**2 + one_pod / pods.baseline + one_pod / pods.canary)
-    squares = request_variance = weights = 0.0
-    degrees = 0
+        deviation = math.sqrt(requests**2 + one_pod / pods.baseline + one_pod / pods.canary)
+        return [effect / deviation for effect in effects]
+    deviations_by_role, weights = [], 0.0
     for role in roles:
-        total, _, variance = role.pooled()
+        total, mean, variance = role.pooled()
         shares = role.n / max(total, 1)
         weights += float((shares**2).sum())
         answered = role.n > 1
@@ -299,14 +301,11 @@ def oracle_z(effect: float, requests: float, roles: list[Moments], pods: Pods, n
             continue
         # Each pod's deviation from its role's pool, and its requests' variance (the pod against the rest, scaled
         # by 1 - its share), as kvcal.core.podspread.pod_spread reads them from histograms.
-        deviations = role.mean[answered] - float((role.n * role.mean).sum()) / total
         outside = 1 - shares[answered]
         variances = outside**2 * variance * (1 / role.n[answered] + 1 / (total - role.n[answered]))
-        squares += float(((deviations - deviations.mean()) ** 2).sum())
-        request_variance += (len(deviations) - 1) * float(variances.mean())
-        degrees += len(deviations) - 1
-    z, _ = spread_z(effect, requests, PodSpread(squares, request_variance, degrees), weights)
-    return z
+        deviations_by_role.append(((role.mean[answered] - mean).tolist(), variances.tolist()))
+    spread = spread_of(deviations_by_role)
+    return [spread_z(effect, requests, spread, weights)[0] for effect in effects]
 
 
 def flagger_decider(max_p95: float, threshold: int = 2, iterations: int = 5, min_requests: int = 50) -> Decider:

@@ -33,8 +33,7 @@ def pod_spread(roles: Sequence[Sequence[list[tuple[float, float]]]]) -> PodSprea
     """The between-pod spread of each role's pods (each as ``cumulative_counts``), pooled over roles: each pod is
     compared with the rest of its role (a leave-one-out rank effect, scaled by 1 - its share of the role's requests
     to read as its deviation from the role's pool, and its variance with it)."""
-    squares = request_variance = 0.0
-    degrees = 0
+    deviations_by_role = []
     for pods in roles:
         pods = [pod for pod in pods if pod[-1][1] > 0]
         if len(pods) < 2:
@@ -49,10 +48,21 @@ def pod_spread(roles: Sequence[Sequence[list[tuple[float, float]]]]) -> PodSprea
             outside = 1 - own[-1] / role[-1]
             deviations.append(effect * outside)
             variances.append((deviation * outside) ** 2)
+        deviations_by_role.append((deviations, variances))
+    return spread_of(deviations_by_role)
+
+
+def spread_of(roles: Sequence[tuple[Sequence[float], Sequence[float]]]) -> PodSpread:
+    """The spread of each role's pods from (their deviations from the role's pool, those deviations' request-level
+    variances), for roles of 2 or more pods: the squares about each role's mean deviation, and the requests' share
+    of them (pods - 1 times the mean variance)."""
+    squares = request_variance = 0.0
+    degrees = 0
+    for deviations, variances in roles:
         mean = sum(deviations) / len(deviations)
         squares += sum((each - mean) ** 2 for each in deviations)
-        request_variance += (len(pods) - 1) * sum(variances) / len(variances)
-        degrees += len(pods) - 1
+        request_variance += (len(deviations) - 1) * sum(variances) / len(variances)
+        degrees += len(deviations) - 1
     return PodSpread(squares=squares, request_variance=request_variance, degrees=degrees)
 
 
