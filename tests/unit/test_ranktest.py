@@ -204,6 +204,23 @@ def test_power_and_promotion_at_300_requests_per_interval() -> None:
     assert healthy.count("Passed") >= 58 and "Failed" not in healthy
 
 
+def test_the_floor_widens_every_tolerance_but_the_healthy_one() -> None:
+    """noiseFloorSeconds widens the rollback and promote tolerances and the one beyond maxRegression (a canary within
+    it of the baseline is never confidently slower, and can be promoted), not the 0.5% test below rollbackAbove,
+    which only guards healthy canaries: at a 0.2 s TTFT a 5 ms floor made "no slower" read as about +2.5% there
+    (tests/unit/test_ranktest_goal.py has what that cost)."""
+    rng = np.random.default_rng(3)
+    baseline = [histogram(np.exp(rng.normal(0, 0.5, 900)) * 0.2) for _ in range(9)]
+    canary = [histogram(np.exp(rng.normal(0, 0.5, 900)) * 0.2 * 1.15)]
+    floored = design(LatencyCheck(metric="ttft", noise_floor_seconds=0.02), SPEC)
+    bare = design(LatencyCheck(metric="ttft", noise_floor_seconds=0.0), SPEC)
+    with_floor, without = (rank_test(baseline, canary, plan, 3) for plan in (floored, bare))
+    assert with_floor.z_healthy == without.z_healthy
+    assert with_floor.z_slower < without.z_slower - 0.2  # the floor still widens the rollback tolerance
+    assert with_floor.z_within < without.z_within - 0.2  # and the promote one (closer to promoting)
+    assert with_floor.z_regressed < without.z_regressed - 0.2  # and the one beyond it
+
+
 def test_a_noisy_canary_pod_is_not_rolled_back_for_its_own_noise() -> None:
     """The canary pod's own per-interval load (sigma 0.20) and node (sigma 0.05) with 4 baseline pods: counted
     request by request, such a healthy canary reads as slower in many steps; the pods' spread keeps it in."""

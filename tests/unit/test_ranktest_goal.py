@@ -5,10 +5,11 @@ vLLM's TTFT buckets, ~300 canary requests per interval, the default spec).
 - The guarantee: healthy canaries rolled back <= 1% and 15% regressions promoted <= 1%, in today's conditions
   (1 canary pod beside 9 baseline pods, node offsets sigma 2%) and with a noisy canary pod (its own load sigma 20%,
   nodes 5%, 4 baseline pods), where counting requests alone rolled back about one healthy canary in three.
-- Detection where requests dominate: today's conditions still catch more than half of 15% regressions within 3
-  intervals. It was 95% when the verdict counted requests alone and held every decision at 10%; a canary pod's own
-  node offset is real noise the verdict now includes, and the 0.5% tests beyond each tolerance cost detection there
-  (docs/operations.md, "Tuning the analysis", has the tables; issue #24 keeps the efficiency goal open)."""
+- Detection where requests dominate: today's conditions catch three in four 15% regressions within 3 intervals
+  (84% here). It was 95% when the verdict counted requests alone and held every decision at 10%; a canary pod's
+  own node offset is real noise the verdict now includes, and the 0.5% test below rollbackAbove asks for more
+  evidence. It was 64% while that test also took the noise floor (docs/operations.md, "Tuning the analysis", has the
+  tables; issue #24 keeps the efficiency goal open)."""
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ from benchmarks.bench_analysis import (
 
 
 @pytest.mark.parametrize(
-    ("pods", "detect3"), [(TODAY, 55.0), (Pods(baseline=4, own=0.20, node=0.05), None)], ids=["today", "noisy-pod"]
+    ("pods", "detect3"), [(TODAY, 75.0), (Pods(baseline=4, own=0.20, node=0.05), None)], ids=["today", "noisy-pod"]
 )
 def test_guarantee_and_detection_at_300_canary_requests_per_interval(pods: Pods, detect3: float | None) -> None:
     rng = np.random.default_rng(0)
