@@ -9,7 +9,9 @@ Each simulated rollout is one analysis step of 60 s intervals run until it passe
   ``node``, 0.02 by default) and each pod's own per-interval load (its queue and batch mix, lognormal sigma ``own``,
   0 by default); a regression multiplies the canary's TTFT by 1.15 (or, in ``p99-only``, its slowest 1%);
 - the operator's view: vLLM's TTFT histogram bucket counts of this interval per role, and of each pod since the
-  step's first interval began, as ``increase(..._bucket[...])`` returns them.
+  step's first interval began, as ``increase(..._bucket[...])`` returns them;
+- last, inter-token latency at a GPU's speed (~12 ms and ~6 ms, ~3,000 tokens per canary interval, vLLM's ITL
+  buckets) with the default noiseFloorSeconds and the 5 ms one before it.
 
 Rows, all on the same simulated rollouts:
 - ``kvcal rank (operator)``: the default spec (or the one named); each interval goes through the operator's own
@@ -34,7 +36,7 @@ import argparse
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -51,6 +53,9 @@ from kvcal.models.status import AnalysisStatus, Measurement
 # vLLM 0.32's time_to_first_token_seconds buckets (tests/data/vllm-0.32-metrics.txt).
 TTFT_BUCKETS = np.array([0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                          20.0, 40.0, 80.0, 160.0, 640.0, 2560.0])  # fmt: skip
+# vLLM 0.32's inter_token_latency_seconds buckets (tests/data/vllm-0.32-cpu/metrics-bf16.txt).
+ITL_BUCKETS = np.array([0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                        40.0, 80.0])  # fmt: skip
 LOAD_SIGMA, NODE_SIGMA = 0.15, 0.02
 REGRESSION = 1.15
 QUANTILE = 0.95
@@ -60,6 +65,8 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 RANK = AnalysisSpec(latency=[LatencyCheck(metric="ttft")])
 RANK_SEVEN = AnalysisSpec(latency=[LatencyCheck(metric="ttft")], successful_intervals=7)
 QUANTILE_TEST = AnalysisSpec(latency=[LatencyCheck(metric="ttft", test="quantile")])
+RANK_ITL = AnalysisSpec(latency=[LatencyCheck(metric="itl")])
+RANK_ITL_5MS = AnalysisSpec(latency=[LatencyCheck(metric="itl", noise_floor_seconds=0.005)])  # the default before
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,7 @@ class Scenario:
     name: str
     draw: Callable[[np.random.Generator, int], np.ndarray]
     tail_only: bool = False  # the regression slows only the slowest 1% (x1.5) instead of every request (x1.15)
+    bounds: np.ndarray = field(default_factory=lambda: TTFT_BUCKETS)  # the histogram's buckets
 
 
 def lognormal(rng: np.random.Generator, size: int) -> np.ndarray:
@@ -84,11 +92,23 @@ def bimodal(rng: np.random.Generator, size: int) -> np.ndarray:
     return np.where(hit, np.exp(rng.normal(0.0, 0.3, size)) * 0.05, np.exp(rng.normal(0.0, 0.4, size)) * 0.3)
 
 
+def gpu_itl(rng: np.random.Generator, size: int) -> np.ndarray:
+    # Inter-token latency on a GPU: ~12 ms a token, the decode step FP8 KV's attention moves.
+    return np.exp(rng.normal(0.0, 0.3, size)) * 0.012
+
+
+def fast_itl(rng: np.random.Generator, size: int) -> np.ndarray:
+    # ~6 ms a token: 95% of tokens in vLLM's first ITL bucket (<= 10 ms), whose inside no histogram shows.
+    return np.exp(rng.normal(0.0, 0.3, size)) * 0.006
+
+
 SCENARIOS = {
     "lognormal": Scenario("lognormal", lognormal),
     "heavy tail": Scenario("heavy tail", heavy_tail),
     "bimodal": Scenario("bimodal", bimodal),
     "p99-only": Scenario("p99-only x1.5", lognormal, tail_only=True),
+    "itl": Scenario("ITL ~12 ms", gpu_itl, bounds=ITL_BUCKETS),
+    "fast itl": Scenario("ITL ~6 ms", fast_itl, bounds=ITL_BUCKETS),
 }
 
 
@@ -112,6 +132,7 @@ class Side:
     log_sum: np.ndarray  # runs x intervals x pods, since the step began: sum, sum of squares and count of log
     log_squares: np.ndarray  # latencies (the oracles)
     n: np.ndarray
+    bounds: np.ndarray  # the histogram's buckets (+Inf implied)
 
     @property
     def pooled(self) -> np.ndarray:
@@ -134,8 +155,8 @@ def side(rng: np.random.Generator, scenario: Scenario, n: np.ndarray, scale: np.
         samples = np.where(samples > np.quantile(scenario.draw(np.random.default_rng(1), 200_000), 0.99),
                            samples * tail, samples)  # fmt: skip
     samples = samples * scale.ravel()[owner]
-    index = np.searchsorted(TTFT_BUCKETS, samples, side="left")  # le: value <= bound
-    counts = np.zeros((cells, len(TTFT_BUCKETS) + 1), dtype=np.int64)
+    index = np.searchsorted(scenario.bounds, samples, side="left")  # le: value <= bound
+    counts = np.zeros((cells, len(scenario.bounds) + 1), dtype=np.int64)
     np.add.at(counts, (owner, index), 1)
     logs = np.log(samples)
     log_sum = np.bincount(owner, logs, cells).reshape(runs, intervals, pods)
@@ -147,6 +168,7 @@ def side(rng: np.random.Generator, scenario: Scenario, n: np.ndarray, scale: np.
         log_sum=log_sum.cumsum(axis=1),
         log_squares=log_squares.cumsum(axis=1),
         n=n.cumsum(axis=1),
+        bounds=scenario.bounds,
     )
 
 
@@ -169,10 +191,10 @@ def simulate(
     )
 
 
-def as_buckets(counts: np.ndarray) -> Buckets:
+def as_buckets(counts: np.ndarray, bounds: np.ndarray = TTFT_BUCKETS) -> Buckets:
     """Prometheus' shape: (le, cumulative count) with +Inf."""
     cumulative = np.cumsum(counts).tolist()
-    return [*zip(TTFT_BUCKETS.tolist(), cumulative[:-1], strict=True), (math.inf, cumulative[-1])]
+    return [*zip(bounds.tolist(), cumulative[:-1], strict=True), (math.inf, cumulative[-1])]
 
 
 Decider = Callable[[Simulation, int], tuple[str, int]]  # -> (outcome, intervals used)
@@ -198,9 +220,10 @@ def operator_decider(spec: AnalysisSpec) -> Decider:
                 assess_requests(requests, min_requests=spec.min_requests, at=at),
                 operator_check(
                     check, spec,
-                    (as_buckets(base.counts[run, interval]), as_buckets(canary.counts[run, interval])),
-                    ([as_buckets(pod) for pod in base.pods[run, interval]],
-                     [as_buckets(pod) for pod in canary.pods[run, interval]]),
+                    (as_buckets(base.counts[run, interval], base.bounds),
+                     as_buckets(canary.counts[run, interval], base.bounds)),
+                    ([as_buckets(pod, base.bounds) for pod in base.pods[run, interval]],
+                     [as_buckets(pod, base.bounds) for pod in canary.pods[run, interval]]),
                     look=interval + 1, requests=requests, at=at,
                 ),
             ]  # fmt: skip
@@ -398,6 +421,13 @@ SIZING_ROWS = [
     Row("lognormal", 300, Pods(baseline=4, canary=canary, own=own, node=0.05), spec=spec, spec_name=name)
     for own in (0.10, 0.20) for canary in (1, 2, 4) for spec, name in ((RANK, "default"), (RANK_SEVEN, "succ. 7"))
 ]  # fmt: skip
+# Inter-token latency at a GPU's speed (~3,000 tokens per interval on the canary): the default noise floor against
+# the 5 ms one before it, which promised to pass whatever the ratio within 5 ms.
+ITL_ROWS = [
+    Row("itl", 3000, spec=RANK_ITL), Row("itl", 3000, spec=RANK_ITL_5MS, spec_name="5 ms floor"),
+    Row("itl", 3000, Pods(baseline=4, own=0.05, node=0.02), spec=RANK_ITL),
+    Row("fast itl", 3000, spec=RANK_ITL), Row("fast itl", 3000, spec=RANK_ITL_5MS, spec_name="5 ms floor"),
+]  # fmt: skip
 
 
 def main() -> None:
@@ -407,7 +437,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one row of today's and two noisy ones")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
-    cells = TODAY_ROWS + NOISE_ROWS + SIZING_ROWS
+    cells = TODAY_ROWS + NOISE_ROWS + SIZING_ROWS + ITL_ROWS  # new rows last: the rows before keep their draws
     if args.quick:
         cells = [TODAY_ROWS[2], NOISE_ROWS[5], NOISE_ROWS[7]]
     print(f"{args.runs} regressed and {args.runs} healthy rollouts per row, seed {args.seed}; shared load sigma "
@@ -447,7 +477,7 @@ def main() -> None:
         for method, decider in methods:
             print(row(scenario.name, canary, pods, method, evaluate(decider, regressed, healthy, args.runs)),
                   flush=True)  # fmt: skip
-        if every or cell in (NOISE_ROWS[-1], SIZING_ROWS[-1]):
+        if every or cell in (NOISE_ROWS[-1], SIZING_ROWS[-1], ITL_ROWS[2]):
             print()
     print(
         "\ndetect<=3, <=10, <=15: regressed canaries rolled back within 3, 10 and 15 intervals; promoted regr.: "

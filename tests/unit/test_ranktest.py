@@ -95,6 +95,40 @@ def test_moved_baseline_of_a_lognormal_is_exact() -> None:
     assert cdf_at(cumulative_counts(buckets), 0.3) == pytest.approx(cdf(0.3))
 
 
+def test_first_bucket_of_a_lognormal_is_read_exactly() -> None:
+    """A GPU's inter-token latency (~12 ms) puts a quarter of its tokens in vLLM's first ITL bucket (<= 10 ms), which
+    has no lower bound to interpolate from: the next bucket's probit-log line, extended down, reads a lognormal's
+    CDF there exactly (read linearly, moving it by 10% moved a quarter as much)."""
+    normal = NormalDist()
+    bounds = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15]
+
+    def cdf(x: float) -> float:
+        return normal.cdf(math.log(x / 0.012) / 0.3)
+
+    points = cumulative_counts([*((b, 1e6 * cdf(b)) for b in bounds), (math.inf, 1e6)])
+    for value in (0.002, 0.005, 0.01 / 1.1, 0.0099):
+        assert cdf_at(points, value) == pytest.approx(cdf(value), abs=1e-9)
+    moved = moved_baseline(points, bounds, 0.10, 0.0)
+    assert moved[0] == pytest.approx(1e6 * cdf(0.01 / 1.1), abs=1e-3)
+    # No neighbour to extend (all requests in the first bucket): linear, as before.
+    alone = cumulative_counts([(0.01, 10.0), (0.025, 10.0), (math.inf, 10.0)])
+    assert cdf_at(alone, 0.005) == pytest.approx(0.5)
+
+
+def test_a_promotion_never_rests_on_the_inside_of_the_first_bucket() -> None:
+    """Every token of both roles in vLLM's first ITL bucket (<= 10 ms, a fast GPU): the histograms cannot tell the
+    canary within +10% of the baseline from 15% slower, so the promote side finds no evidence (read linearly, the
+    first bucket moved as if uniform, and such a canary was promoted); the rollback side, tested exactly, finds the
+    canary no slower either."""
+    first: Buckets = [(0.01, 3000.0), (0.025, 3000.0), (0.05, 3000.0), (math.inf, 3000.0)]
+    points = cumulative_counts(first)
+    assert cdf_at(points, 0.005) == pytest.approx(0.5)  # linear, for the tests that may roll back
+    assert cdf_at(points, 0.005, "upper") == 1.0  # the baseline moved least, for the tests that may promote
+    result = rank_test([first] * 9, [first], design(LatencyCheck(metric="itl"), SPEC), look=5)
+    assert result.verdict == "Undecided"
+    assert result.z_within == pytest.approx(0.0) and result.z_healthy == pytest.approx(0.0)
+
+
 def test_design_spends_alpha_over_the_looks_the_counters_need() -> None:
     """failureLimit 1: the second Failed look rolls back; successfulIntervals 5: five Successful looks in a row
     promote. Each boundary is designed so that over the step's 10 looks its decision errs with its alpha (10% at

@@ -6,8 +6,13 @@ import math
 from bisect import bisect_left
 from collections.abc import Sequence
 from statistics import NormalDist
+from typing import Literal
 
 Buckets = Sequence[tuple[float, float]]  # (upper bound le, cumulative count), le=+Inf included
+# How to read inside the first bucket when no neighbour gives its shape (nearly every request in it): linearly, or
+# "upper": every one of its requests at or below the value, the reading that moves a baseline least (a promotion
+# must not rest on a shape no histogram shows).
+FirstBucket = Literal["linear", "upper"]
 _NORMAL = NormalDist()
 
 
@@ -23,10 +28,12 @@ def cumulative_counts(buckets: Buckets) -> list[tuple[float, float]]:
     return out
 
 
-def cdf_at(points: list[tuple[float, float]], value: float) -> float:
+def cdf_at(points: list[tuple[float, float]], value: float, first_bucket: FirstBucket = "linear") -> float:
     """Share of requests at or below ``value`` (``points`` from ``cumulative_counts``): probit-log interpolation
-    inside a bucket (exact for a lognormal), linear in the first bucket and where a bucket bound holds 0% or 100%;
-    the +Inf bucket's requests lie above every finite value."""
+    inside a bucket (exact for a lognormal); in the first bucket, which has no lower bound in log-latency, the
+    next bucket's probit-log line extended down (exact for a lognormal too), and where it has no such neighbour as
+    ``first_bucket`` says; linear where a bucket bound holds 0% or 100%; the +Inf bucket's requests lie above every
+    finite value."""
     total = points[-1][1]
     index = bisect_left(points, value, key=lambda point: point[0])  # the bucket holding value: le >= value
     upper, count = points[index]
@@ -36,19 +43,32 @@ def cdf_at(points: list[tuple[float, float]], value: float) -> float:
     f_lo, f_hi = below / total, count / total
     if value <= 0 or f_hi == f_lo:
         return f_lo if value <= lower else f_hi
+    probit = _NORMAL.inv_cdf
+    next_bound, next_count = points[1] if index == 0 else (math.inf, 0.0)  # index 0: a finite upper, +Inf after it
+    if not math.isinf(next_bound) and 0 < f_hi < next_count / total < 1:
+        # vLLM's first ITL bucket (<= 10 ms) holds a fast GPU's typical token: read linearly, a 10% move at 12 ms read
+        # as about a quarter of what a lognormal moves, and the rank test could barely see a slower canary or
+        # promote a healthy one.
+        slope = (probit(next_count / total) - probit(f_hi)) / math.log(next_bound / upper)
+        return _NORMAL.cdf(probit(f_hi) + slope * math.log(value / upper))
+    if index == 0 and first_bucket == "upper":
+        return f_hi
     if lower <= 0 or f_lo <= 0 or f_hi >= 1:
         return f_lo + (f_hi - f_lo) * (value - lower) / (upper - lower)
     fraction = math.log(value / lower) / math.log(upper / lower)
-    probit = _NORMAL.inv_cdf
     return _NORMAL.cdf(probit(f_lo) + (probit(f_hi) - probit(f_lo)) * fraction)
 
 
 def moved_baseline(
-    points: list[tuple[float, float]], bounds: Sequence[float], tolerance: float, floor: float
+    points: list[tuple[float, float]],
+    bounds: Sequence[float],
+    tolerance: float,
+    floor: float,
+    first_bucket: FirstBucket = "linear",
 ) -> list[float]:
     """Cumulative counts, on ``bounds``, of the baseline (``points`` from ``cumulative_counts``) moved through
     g(x) = max(x (1 + tolerance), x + floor): a moved request is <= b exactly when the request is
-    <= g^-1(b) = min(b / (1 + tolerance), b - floor)."""
+    <= g^-1(b) = min(b / (1 + tolerance), b - floor) (read by ``cdf_at`` with ``first_bucket``)."""
     total = points[-1][1]
     out = []
     for bound in bounds:
@@ -56,7 +76,7 @@ def moved_baseline(
             out.append(total)
             continue
         inverse = min(bound / (1 + tolerance), bound - floor)
-        out.append(total * cdf_at(points, inverse) if inverse > 0 and total > 0 else 0.0)
+        out.append(total * cdf_at(points, inverse, first_bucket) if inverse > 0 and total > 0 else 0.0)
     return out
 
 
@@ -81,13 +101,17 @@ def grouped_mann_whitney(baseline: Sequence[float], canary: Sequence[float]) -> 
 
 
 def rank_effect(
-    baseline: list[tuple[float, float]], canary: list[tuple[float, float]], tolerance: float, floor: float
+    baseline: list[tuple[float, float]],
+    canary: list[tuple[float, float]],
+    tolerance: float,
+    floor: float,
+    first_bucket: FirstBucket = "linear",
 ) -> tuple[float, float]:
     """(effect, its request-level standard deviation) of the grouped Mann-Whitney test of the canary against the
     baseline moved through g, both as ``cumulative_counts`` returns them: effect = U / pairs - 1/2, the probability
     that a canary request is slower than a (moved) baseline one beyond even odds; 0 when either side is empty."""
     canary_cells = _cells([count for _, count in canary])
-    baseline_cells = _cells(moved_baseline(baseline, [le for le, _ in canary], tolerance, floor))
+    baseline_cells = _cells(moved_baseline(baseline, [le for le, _ in canary], tolerance, floor, first_bucket))
     u_statistic, _, deviation = grouped_mann_whitney(baseline_cells, canary_cells)
     pairs = sum(baseline_cells) * sum(canary_cells)
     if pairs <= 0:

@@ -12,7 +12,8 @@ a tolerance? (docs/concepts.md, "The latency test", has the design and its reaso
 - Two one-sided decisions, each tested twice: Failed when the canary is confidently slower than baseline x (1 +
   rollbackAbove) and than one indifference zone below that; Successful when it is confidently within baseline x
   (1 + maxRegression) and one zone above that; Undecided (more data) otherwise, and past the last look the run's
-  own outcome (spec.analysis.onUndecided). The floor widens every tolerance but the one below rollbackAbove.
+  own outcome (spec.analysis.onUndecided). The floor widens every tolerance but the one below rollbackAbove. A
+  first bucket whose inside no histogram shows (nearly every request in it) gives a promotion no evidence.
 - Error over the looks of a step (at most 2 x successfulIntervals): the pooled statistic has nearly independent
   increments, so the boundaries are group-sequential ones designed for the counters (kvcal.core.sequential): a
   rollback needs failureLimit + 1 Failed looks, a promotion successfulIntervals Successful ones in a row, and each
@@ -148,9 +149,9 @@ def rank_test(baseline: PodBuckets, canary: PodBuckets, plan: Design, look: int)
     spread = pod_spread([baseline_pods, canary_pods])
     weights = pod_weights(baseline_pods) + pod_weights(canary_pods)
     slower_effect = rank_effect(baseline_points, canary_points, plan.rollback_tolerance, plan.floor)
-    within_effect = rank_effect(baseline_points, canary_points, plan.promote_tolerance, plan.floor)
+    within_effect = rank_effect(baseline_points, canary_points, plan.promote_tolerance, plan.floor, "upper")
     healthy_effect = rank_effect(baseline_points, canary_points, plan.healthy_tolerance, 0.0)  # no floor: above
-    regressed_effect = rank_effect(baseline_points, canary_points, plan.regressed_tolerance, plan.floor)
+    regressed_effect = rank_effect(baseline_points, canary_points, plan.regressed_tolerance, plan.floor, "upper")
     z_slower, degrees = spread_z(*slower_effect, spread, weights)
     z_within, _ = spread_z(*within_effect, spread, weights)
     z_healthy, _ = spread_z(*healthy_effect, spread, weights)
