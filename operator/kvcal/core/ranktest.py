@@ -50,7 +50,7 @@ from kvcal.models.status import AnalysisStatus, Measurement
 # dominate the noise the boundary tests bind; where the pods' own noise does (the zone is within one pod's spread),
 # the tests beyond keep healthy canaries from rollbacks and slow ones from promotions.
 # noiseFloorSeconds keeps its promise (a canary within it of the baseline is never confidently slower, and can be
-# promoted) in every test but the one beyond rollbackAbove: that test only guards healthy canaries from rollbacks,
+# promoted) in every test but the one below rollbackAbove: that test only guards healthy canaries from rollbacks,
 # which a floor cannot make safer, and a floor there hid regressions (5 ms on a 0.2 s TTFT made "no slower" read as
 # about +2.5%: benchmarks/bench_analysis.py caught 64% of 15% regressions within 3 intervals instead of 82%).
 BOUNDARY_ALPHA = 0.10
