@@ -191,7 +191,7 @@ def simulate(
     )
 
 
-def as_buckets(counts: np.ndarray, bounds: np.ndarray = TTFT_BUCKETS) -> Buckets:
+def as_buckets(counts: np.ndarray, bounds: np.ndarray) -> Buckets:
     """Prometheus' shape: (le, cumulative count) with +Inf."""
     cumulative = np.cumsum(counts).tolist()
     return [*zip(bounds.tolist(), cumulative[:-1], strict=True), (math.inf, cumulative[-1])]

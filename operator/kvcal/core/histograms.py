@@ -43,20 +43,30 @@ def cdf_at(points: list[tuple[float, float]], value: float, first_bucket: FirstB
     f_lo, f_hi = below / total, count / total
     if value <= 0 or f_hi == f_lo:
         return f_lo if value <= lower else f_hi
-    probit = _NORMAL.inv_cdf
-    next_bound, next_count = points[1] if index == 0 else (math.inf, 0.0)  # index 0: a finite upper, +Inf after it
-    if not math.isinf(next_bound) and 0 < f_hi < next_count / total < 1:
-        # vLLM's first ITL bucket (<= 10 ms) holds a fast GPU's typical token: read linearly, a 10% move at 12 ms read
-        # as about a quarter of what a lognormal moves, and the rank test could barely see a slower canary or
-        # promote a healthy one.
-        slope = (probit(next_count / total) - probit(f_hi)) / math.log(next_bound / upper)
-        return _NORMAL.cdf(probit(f_hi) + slope * math.log(value / upper))
-    if index == 0 and first_bucket == "upper":
-        return f_hi
+    if index == 0:
+        share = _first_bucket_share(points, value, first_bucket)
+        if share is not None:
+            return share
     if lower <= 0 or f_lo <= 0 or f_hi >= 1:
         return f_lo + (f_hi - f_lo) * (value - lower) / (upper - lower)
     fraction = math.log(value / lower) / math.log(upper / lower)
+    probit = _NORMAL.inv_cdf
     return _NORMAL.cdf(probit(f_lo) + (probit(f_hi) - probit(f_lo)) * fraction)
+
+
+def _first_bucket_share(points: list[tuple[float, float]], value: float, first_bucket: FirstBucket) -> float | None:
+    """The share at ``value`` inside the first (finite) bucket: the next bucket's probit-log line extended down, or
+    as ``first_bucket`` says where no next bucket gives it (None: linear). vLLM's first ITL bucket (<= 10 ms) holds
+    a fast GPU's typical token: read linearly, a 10% move at 12 ms read as about a quarter of what a lognormal moves,
+    and the rank test could barely see a slower canary or promote a healthy one."""
+    total = points[-1][1]
+    (upper, count), (next_bound, next_count) = points[0], points[1]
+    share, next_share = count / total, next_count / total
+    if not math.isinf(next_bound) and 0 < share < next_share < 1:
+        probit = _NORMAL.inv_cdf
+        slope = (probit(next_share) - probit(share)) / math.log(next_bound / upper)
+        return _NORMAL.cdf(probit(share) + slope * math.log(value / upper))
+    return share if first_bucket == "upper" else None
 
 
 def moved_baseline(
