@@ -54,6 +54,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.model, pytest.mark.prometheus, py
 
 NAME = "smollm2"
 SERVE_TIMEOUT = 600.0  # one vLLM start on 2 shared cores: ~1.5 min alone, more beside a calibration
+TARGET_UP_TIMEOUT = 180.0  # Prometheus sees a served vLLM pod up (Scrapes.add)
 TERMINAL = ("Succeeded", "RolledBack", "Failed", "InvalidSpec")
 # Three short probes (one per kind that fits a short reply): they run every interval, on both roles.
 SUITE = {
@@ -117,7 +118,9 @@ class Scrapes:
         meta = pod["metadata"]
         self.targets[address] = pod_target_labels(self.namespace, meta["name"], meta.get("labels") or {})
         self.prometheus.set_targets(self.namespace, dict(self.targets))
-        self.prometheus.wait_targets_up([address], timeout=60)
+        # A condition, not a sleep: on 2 shared cores a vLLM pod busy with a generation can miss 1 s scrapes for a
+        # minute (CI once gave up at 60 s before any analysis); the next scrape that gets through ends the wait.
+        self.prometheus.wait_targets_up([address], timeout=TARGET_UP_TIMEOUT)
 
 
 @dataclass
