@@ -162,10 +162,10 @@ def rank_test(
     baseline_points, canary_points = pool(baseline_pods), pool(canary_pods)
     spread = pod_spread([baseline_pods, canary_pods])
     weights = pod_weights(baseline_pods) + pod_weights(canary_pods)
-    reference: Reference = "pods" if spread.degrees else "requests" if intervals is None else "intervals"
+    reference: Reference = "pods" if spread.degrees else "requests"
     replicates = 0
-    if reference == "intervals":
-        assert intervals is not None
+    if reference == "requests" and intervals is not None:
+        reference = "intervals"
         spread, weights, replicates = interval_spread(
             *([cumulative_counts(each) for each in role] for role in intervals)
         )
