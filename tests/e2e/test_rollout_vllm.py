@@ -193,9 +193,9 @@ def real(
     policy = operator_policy(control_plane, release)
     backends = ClusterBackendsForTest(cluster_backends=ClusterBackends(kube, policy))
     operator = OperatorThread(release.kubeconfig, namespace, backends, policy)
-    # 8 clients, round robin: the serialising canary of act 1 queues about 4 of them, several times the baseline's
-    # TTFT in every interval (with 4 it was about 1.5x to 2x, and on a loaded CI machine P(canary slower) read 0.74
-    # with the intervals' spread too wide for a confident verdict: a canary no honest test can call slower).
+    # 8 clients, round robin, each waiting for its reply: the serialising canary of act 1 queues more of them than
+    # the baseline does, so it is slower in every interval. With 4, a loaded CI machine once read P(canary slower)
+    # 0.74 with the intervals' spread too wide for a confident verdict: a canary no honest test can call slower.
     load.append(LoadGenerator(lambda: service_endpoints(kube, kubelet, namespace), concurrency=8))
     load[0].pause()
     load[0].start()
