@@ -431,9 +431,10 @@ ITL_ROWS = [
 ]  # fmt: skip
 
 
-# One baseline pod and one canary pod, then the efficiency goals against more baseline pods and canary pods
+# One baseline pod and one canary pod (today the verdict counts requests alone there: the rows a 1+1 verdict is
+# measured against), then the efficiency goals against more baseline pods and canary pods
 # (spec.serving.canary.replicas) at the same requests per interval: today's conditions and a canary pod's own load at
-# 5%.
+# 5%. The goal rows' draws follow the 1+1 rows': docs/operations.md quotes them from this order.
 ONE_POD_ROWS = [
     Row("lognormal", 300, Pods(baseline=1, own=own, node=node), spec=spec, spec_name=name)
     for own, node in ((0.0, 0.02), (0.05, 0.02), (0.10, 0.05), (0.20, 0.05))
@@ -453,8 +454,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one row of today's and two noisy ones")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
-    cells = TODAY_ROWS + NOISE_ROWS + SIZING_ROWS + ITL_ROWS + ONE_POD_ROWS + GOAL_ROWS  # new rows last: the rows
-    if args.quick:  # before keep their draws
+    # New rows go last, so every row before keeps its draws (and its numbers in docs/operations.md).
+    cells = TODAY_ROWS + NOISE_ROWS + SIZING_ROWS + ITL_ROWS + ONE_POD_ROWS + GOAL_ROWS
+    if args.quick:
         cells = [TODAY_ROWS[2], NOISE_ROWS[5], NOISE_ROWS[7]]
     print(f"{args.runs} regressed and {args.runs} healthy rollouts per row, seed {args.seed}; shared load sigma "
           f"{LOAD_SIGMA}; each pod's node offset (node) and own per-interval load (own) as lognormal sigmas; "
