@@ -9,7 +9,8 @@ Each simulated rollout is one analysis step of 60 s intervals run until it passe
   ``node``, 0.02 by default) and each pod's own per-interval load (its queue and batch mix, lognormal sigma ``own``,
   0 by default); a regression multiplies the canary's TTFT by 1.15 (or, in ``p99-only``, its slowest 1%);
 - the operator's view: vLLM's TTFT histogram bucket counts of this interval per role, and of each pod since the
-  step's first interval began, as ``increase(..._bucket[...])`` returns them;
+  step's first interval began, as ``increase(..._bucket[...])`` returns them; with one pod per role, also each
+  role's counts of the step's full intervals but the first (the operator's subquery: one fewer than the looks);
 - then inter-token latency at a GPU's speed (~12 ms and ~6 ms, ~3,000 tokens per canary interval, vLLM's ITL
   buckets) with the default noiseFloorSeconds and the 5 ms one before it;
 - last, one baseline pod and one canary pod, and the efficiency goals against more baseline and canary pods.
@@ -46,8 +47,8 @@ import numpy as np
 from kvcal.core.analysis import AnalysisVerdict, RequestCounts, assess_requests, assess_run
 from kvcal.core.histograms import Buckets
 from kvcal.core.podspread import spread_of, spread_z
+from kvcal.core.ranktest import IntervalBuckets, design
 from kvcal.core.ranktest import assess_latency_check as operator_check
-from kvcal.core.ranktest import design
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
 from kvcal.models.status import AnalysisStatus, Measurement
 
@@ -207,6 +208,18 @@ def ended(verdict: AnalysisVerdict) -> str:
     return "Inconclusive" if inconclusive else verdict.outcome
 
 
+def full_intervals(sim: Simulation, run: int, interval: int) -> IntervalBuckets | None:
+    """What the operator fetches where no role has two pods: the step's full intervals before the last (Prometheus'
+    aligned windows inside the step: one fewer than the looks)."""
+    if max(sim.baseline.pods.shape[2], sim.canary.pods.shape[2]) > 1:
+        return None
+    baseline, canary = (
+        [as_buckets(each, role.bounds) for each in role.counts[run, 1 : interval + 1]]
+        for role in (sim.baseline, sim.canary)
+    )
+    return baseline, canary
+
+
 def operator_decider(spec: AnalysisSpec) -> Decider:
     """Every interval as the operator judges it: requests + the latency check, then assess_run's counters."""
     check = spec.latency[0]
@@ -225,7 +238,7 @@ def operator_decider(spec: AnalysisSpec) -> Decider:
                      as_buckets(canary.counts[run, interval], base.bounds)),
                     ([as_buckets(pod, base.bounds) for pod in base.pods[run, interval]],
                      [as_buckets(pod, base.bounds) for pod in canary.pods[run, interval]]),
-                    look=interval + 1, requests=requests, at=at,
+                    look=interval + 1, requests=requests, at=at, intervals=full_intervals(sim, run, interval),
                 ),
             ]  # fmt: skip
             verdict = assess_run(spec, status, measured, NOW)
@@ -431,15 +444,17 @@ ITL_ROWS = [
 ]  # fmt: skip
 
 
-# One baseline pod and one canary pod (today the verdict counts requests alone there: the rows a 1+1 verdict is
-# measured against), then the efficiency goals against more baseline pods and canary pods
-# (spec.serving.canary.replicas) at the same requests per interval: today's conditions and a canary pod's own load at
-# 5%. The goal rows' draws follow the 1+1 rows': docs/operations.md quotes them from this order.
+# One baseline pod and one canary pod (the step's intervals are the replicates: nothing else shows a pod's own noise),
+# then the efficiency goals against more baseline pods and canary pods (spec.serving.canary.replicas) at the same
+# requests per interval: today's conditions and a canary pod's own load at 5%. The goal rows' draws follow the 1+1
+# rows': docs/operations.md quotes them from this order.
 ONE_POD_ROWS = [
     Row("lognormal", 300, Pods(baseline=1, own=own, node=node), spec=spec, spec_name=name)
     for own, node in ((0.0, 0.02), (0.05, 0.02), (0.10, 0.05), (0.20, 0.05))
     for spec, name in ((RANK, "default"), (RANK_SEVEN, "succ. 7"))
 ]  # fmt: skip
+# The efficiency goals against the pods there are: today's conditions and a canary pod's own load at 5%, with more
+# baseline pods and canary pods (spec.serving.canary.replicas) at the same requests per interval.
 GOAL_ROWS = [
     *(Row("lognormal", 300, Pods(baseline=9, canary=canary)) for canary in (2, 4)),
     *(Row("lognormal", 300, Pods(baseline=baseline, canary=canary, own=0.05, node=0.02))

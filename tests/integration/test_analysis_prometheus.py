@@ -13,8 +13,9 @@ from kvcal.adapters.prometheus import Estimator, PrometheusSource
 from kvcal.core import promql
 from kvcal.core.analysis import AnalysisVerdict, assess_run
 from kvcal.core.policy import Policy, PrometheusAccess
+from kvcal.core.ranktest import NO_POD_REFERENCE
 from kvcal.models.spec import AnalysisSpec, LatencyCheck, PrometheusRef
-from kvcal.models.status import AnalysisStatus
+from kvcal.models.status import AnalysisStatus, Measurement
 from tests.support.exporter import Profile, VllmExporter
 from tests.support.prometheus import PrometheusServer, free_port, role_selector, role_target_labels
 
@@ -58,7 +59,7 @@ class Rollout:
         return verdicts
 
 
-SCENARIOS = 7  # tests that take a rollout from the pool
+SCENARIOS = 8  # tests that take a rollout from the pool
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +106,13 @@ def spec_for(server: PrometheusServer | None, **overrides: object) -> AnalysisSp
         "failure_limit": 1,
         "inconclusive_limit": 2,
         "consecutive_error_limit": 1,
-        "latency": [LatencyCheck(metric="ttft"), LatencyCheck(metric="itl"), LatencyCheck(metric="e2e", quantile=0.99)],
+        # The quantile test judges each interval on its own, so these scenarios drive assess_run's counters one
+        # interval at a time; the rank test (the default) pools a step: its own tests below.
+        "latency": [
+            LatencyCheck(metric="ttft", test="quantile"),
+            LatencyCheck(metric="itl", test="quantile"),
+            LatencyCheck(metric="e2e", quantile=0.99, test="quantile"),
+        ],
     }
     values.update(overrides)
     return AnalysisSpec.model_validate(values)
@@ -128,8 +135,7 @@ def test_regression_rolls_back_within_the_failure_limit(rollout: Rollout) -> Non
 def test_no_regression_passes(rollout: Rollout) -> None:
     # With Prometheus' own histogram_quantile instead of kvcal's bucket estimator.
     rollout.estimator = "histogram_quantile"
-    quantile_checks = [LatencyCheck(metric=metric, test="quantile") for metric in ("ttft", "itl", "e2e")]
-    spec = spec_for(rollout.prometheus, latency=quantile_checks)  # the estimator matters to the quantile test only
+    spec = spec_for(rollout.prometheus)  # the estimator matters to the quantile test only
     verdicts = rollout.intervals(spec, [GOOD] * 5)
     assert [v.outcome for v in verdicts] == ["Running", "Running", "Passed"]
     final = verdicts[-1].status
@@ -201,7 +207,8 @@ def test_canary_failing_every_request_rolls_back_on_errors_not_on_missing_data(r
 
 def test_rank_test_pools_the_step_from_prometheus(rollout: Rollout) -> None:
     """The rank test reads increase() bucket counts of the interval and of the whole step from real Prometheus:
-    three intervals pooled hold about three times the interval's requests, and the look is the third."""
+    three intervals pooled hold about three times the interval's requests, and the look is the third. With one
+    pod per role the step's full intervals (a subquery) are its replicates: two at look 3, none at look 1."""
     rollout.settle(3 * WINDOW_SECONDS + 2)
     spec = spec_for(rollout.prometheus, interval=f"{WINDOW_SECONDS}s", latency=[LatencyCheck(metric="ttft")])
     metrics = PrometheusSource(rollout.selector, policy=rollout.prometheus.policy())
@@ -209,8 +216,10 @@ def test_rank_test_pools_the_step_from_prometheus(rollout: Rollout) -> None:
     single = metrics.measure(spec, WINDOW_SECONDS)
     ttft, ttft_single = (next(m for m in ms if m.metric == "ttft-p95") for ms in (pooled, single))
     assert ttft.query is not None and "increase(" in ttft.query and f"[{3 * WINDOW_SECONDS}s]" in ttft.query
-    assert ttft.phase == "Successful" and ttft.message is not None and "look 3/6" in ttft.message
+    assert ttft.phase != "Failed" and ttft.message is not None and "look 3/6" in ttft.message
+    assert re.search(r"over 2 intervals|1 full interval", ttft.message), ttft.message
     assert ttft_single.message is not None and "look 1/6" in ttft_single.message
+    assert ttft_single.phase == "Undecided" and "0 full interval(s) of the step" in ttft_single.message
     canary_pooled = _canary_requests(ttft.message)
     canary_single = _canary_requests(ttft_single.message)
     assert 2.3 * canary_single < canary_pooled < 3.7 * canary_single
@@ -263,3 +272,26 @@ def test_rank_test_reads_each_pod_from_prometheus(pods: Rollout) -> None:
     slow = next(m for m in metrics.measure(spec, WINDOW_SECONDS, 3 * WINDOW_SECONDS) if m.metric == "ttft-p95")
     assert slow.phase == "Failed", slow.message
     assert slow.message is not None and "pods 4+1" in slow.message
+
+
+def test_one_pod_per_role_decides_on_the_steps_intervals_from_prometheus(rollout: Rollout) -> None:
+    """1 baseline and 1 canary pod (issue 24): each full interval of the step comes back from real Prometheus as
+    one sample of a subquery, and the verdict's variance is their spread. A canary 2x slower is Failed and one like
+    the baseline Successful once enough intervals agree (looks 5 and 6 of 6: 3 and 4 degrees of freedom)."""
+    spec = spec_for(rollout.prometheus, interval=f"{WINDOW_SECONDS}s", latency=[LatencyCheck(metric="ttft")])
+    metrics = PrometheusSource(rollout.selector, policy=rollout.prometheus.policy())
+
+    def look(number: int) -> Measurement:
+        return next(m for m in metrics.measure(spec, WINDOW_SECONDS, number * WINDOW_SECONDS) if m.metric == "ttft-p95")
+
+    rollout.settle(6 * WINDOW_SECONDS + 2)
+    same = look(6)
+    assert same.phase == "Successful", same.message
+    # 5 windows of the 3 s grid; 4 when the grid ticks between the two roles' queries (only common ones count)
+    assert same.message is not None and re.search(r"over [45] intervals", same.message), same.message
+    assert NO_POD_REFERENCE in same.message
+    rollout.canary.profile = SLOW
+    rollout.settle(5 * WINDOW_SECONDS + 2)
+    slow = look(5)
+    assert slow.phase == "Failed", slow.message
+    assert slow.message is not None and re.search(r"over [34] intervals", slow.message), slow.message

@@ -46,6 +46,17 @@ def test_render_latency_query_shape() -> None:
     )
 
 
+def test_render_interval_buckets_is_a_subquery_of_the_step_less_one_interval() -> None:
+    sel = promql.pod_label_selector("prod", "llm", {"app": "llm"}).for_role("canary")
+    q = promql.render_interval_buckets("ttft", sel, "60s", "240s")
+    assert q == (
+        '(sum by (le) (increase({__name__=~"vllm[:_]time_to_first_token_seconds_bucket",namespace="prod",'
+        'kvcal_dev_calibration="llm",role="canary"}[60s])))[240s:60s]'
+    )
+    with pytest.raises(promql.TemplateError, match="window"):
+        promql.render_interval_buckets("ttft", sel, "60s", "4m]) or vector(1")
+
+
 def test_vllm_series_matches_both_spellings() -> None:
     import re
 

@@ -21,6 +21,7 @@ from kvcal.core.ranktest import (
     NO_POD_REFERENCE,
     assess_latency_check,
     design,
+    has_pod_reference,
     look_number,
     rank_test,
     step_window_seconds,
@@ -356,3 +357,63 @@ def test_the_step_window_grows_one_interval_per_look() -> None:
 @pytest.mark.parametrize(("probability", "degrees", "quantile"), [(0.10, 3, 0.584), (0.10, 8, 3.490), (0.90, 5, 9.236)])
 def test_chi_square_quantile_within_two_percent(probability: float, degrees: int, quantile: float) -> None:
     assert chi_square_quantile(probability, degrees) == pytest.approx(quantile, rel=0.02)
+
+
+def step_of(rng: np.random.Generator, loads: Sequence[float], requests: int) -> list[Buckets]:
+    """One histogram per interval of a pod whose own load moves its latency by ``loads`` (one factor per interval)."""
+    return [histogram(np.exp(rng.normal(0, 0.5, requests)) * 0.2 * load) for load in loads]
+
+
+def pooled_of(intervals: Sequence[Buckets]) -> Buckets:
+    return [(le, sum(each[index][1] for each in intervals)) for index, (le, _) in enumerate(intervals[0])]
+
+
+def one_pod_each(baseline: list[Buckets], canary: list[Buckets], *, intervals: bool) -> tuple[str, str]:
+    """(phase, message) of look len(intervals) + 1 for 1 baseline and 1 canary pod: the intervals given as the
+    operator fetches them (the step's full intervals), or none (requests alone)."""
+    counts = RequestCounts(pooled_of(baseline)[-1][1], pooled_of(canary)[-1][1])
+    measured = assess_latency_check(
+        CHECK, SPEC, (baseline[-1], canary[-1]), ([pooled_of(baseline)], [pooled_of(canary)]),
+        look=len(baseline) + 1, requests=counts, at="t", intervals=(baseline, canary) if intervals else None,
+    )  # fmt: skip
+    assert measured.message is not None
+    return measured.phase, measured.message
+
+
+def test_one_pod_per_role_learns_its_own_noise_from_the_steps_intervals() -> None:
+    """Issue 24's one baseline pod: no other pod shows what a pod's own load does, but the step's intervals do. A
+    healthy canary pod whose own load moves it by up to 30% from interval to interval (11% slower over the step)
+    reads as confidently slower when requests alone count; with the intervals as replicates it is undecided."""
+    rng = np.random.default_rng(11)
+    baseline = step_of(rng, [1.0] * 6, 1000)
+    canary = step_of(rng, [1.3, 0.85, 1.25, 0.9, 1.3, 1.1], 300)
+    alone, _ = one_pod_each(baseline, canary, intervals=False)
+    replicated, message = one_pod_each(baseline, canary, intervals=True)
+    assert alone == "Failed"
+    assert replicated == "Undecided", message
+    assert NO_POD_REFERENCE in message and "over 6 intervals" in message, message
+
+
+def test_one_pod_per_role_still_decides_when_its_intervals_agree() -> None:
+    rng = np.random.default_rng(12)
+    baseline = step_of(rng, [1.0] * 5, 1000)
+    slower, healthy = step_of(rng, [1.5] * 5, 300), step_of(rng, [1.0] * 5, 300)
+    assert one_pod_each(baseline, slower, intervals=True)[0] == "Failed"
+    assert one_pod_each(baseline, healthy, intervals=True)[0] == "Successful"
+
+
+def test_one_pod_per_role_needs_two_full_intervals_before_any_decision() -> None:
+    rng = np.random.default_rng(13)
+    baseline, slower = step_of(rng, [1.0], 1000), step_of(rng, [2.0], 300)
+    assert one_pod_each(baseline, slower, intervals=False)[0] == "Failed"
+    phase, message = one_pod_each(baseline, slower, intervals=True)
+    assert phase == "Undecided" and "1 full interval(s) of the step, 2 needed" in message, message
+
+
+def test_a_role_of_two_pods_is_a_reference_only_when_both_answered() -> None:
+    busy: Buckets = [(0.1, 50.0), (math.inf, 100.0)]
+    empty: Buckets = [(0.1, 0.0), (math.inf, 0.0)]
+    assert has_pod_reference([busy, busy], [busy])
+    assert has_pod_reference([busy], [busy, busy])
+    assert not has_pod_reference([busy, empty], [busy])
+    assert not has_pod_reference([busy], [busy])

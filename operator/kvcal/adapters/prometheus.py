@@ -37,7 +37,13 @@ from kvcal.core.analysis import (
 )
 from kvcal.core.capacity import KVCacheConfig, KVCacheReadings, parse_cache_config
 from kvcal.core.policy import Policy, PrometheusAccess, resolve_prometheus
-from kvcal.core.ranktest import assess_latency_check, look_number
+from kvcal.core.ranktest import (
+    FEWEST_INTERVALS,
+    IntervalBuckets,
+    assess_latency_check,
+    has_pod_reference,
+    look_number,
+)
 from kvcal.core.redact import redact
 from kvcal.core.saturation import Load, assess_saturation
 from kvcal.core.timestamps import rfc3339
@@ -219,6 +225,20 @@ def pod_buckets(client: QueryClient, query: str) -> list[list[tuple[float, float
     return [pods[key] for key in sorted(pods)]
 
 
+def interval_buckets(client: QueryClient, query: str) -> dict[float, list[tuple[float, float]]]:
+    """A ``sum by (le)`` bucket subquery's samples: one ``buckets`` list per evaluation time (a matrix result)."""
+    result = run_query(client, query)
+    intervals: dict[float, list[tuple[float, float]]] = {}
+    try:
+        for series in result:
+            le = float(series["metric"]["le"])
+            for at, value in series["values"]:
+                intervals.setdefault(float(at), []).append((le, float(value)))
+    except (KeyError, ValueError, TypeError) as exc:
+        raise QueryError(f"bucket subquery returned series without a numeric 'le' label or samples: {exc}") from exc
+    return intervals
+
+
 def estimate(client: QueryClient, query: str, quantile: float) -> float | None:
     points = buckets(client, query)
     return quantile_from_buckets(quantile, points) if points else None
@@ -288,14 +308,14 @@ class PrometheusSource:
         client: QueryClient,
         spec: AnalysisSpec,
         check: LatencyCheck,
-        windows: tuple[str, str],
+        windows: tuple[str, str, str | None],
         look: int,
         counts: RequestCounts,
         at: str,
     ) -> Measurement:
-        """The rank test: bucket counts of this interval (its quantiles, for people) and of each pod over the step
-        (the test)."""
-        interval_window, step_window = windows
+        """The rank test: bucket counts of this interval (its quantiles, for people), of each pod over the step (the
+        test) and, where no role has two pods, of each full interval in the step less one interval (the replicates)."""
+        interval_window, step_window, step_less_one = windows
 
         def counts_of(role: promql.Role) -> list[tuple[float, float]]:
             selector = self._selector.for_role(role)
@@ -309,11 +329,24 @@ class PrometheusSource:
             selector = self._selector.for_role(role)
             return promql.render_latency_buckets(check.metric, selector, step_window, "latency_pod_counts")
 
+        def intervals_of(role: promql.Role) -> dict[float, list[tuple[float, float]]]:
+            if look <= FEWEST_INTERVALS or step_less_one is None:  # look k has k - 1 full intervals in the step
+                return {}
+            selector = self._selector.for_role(role)
+            window = promql.format_window(spec.interval_seconds)
+            return interval_buckets(
+                client, promql.render_interval_buckets(check.metric, selector, window, step_less_one)
+            )
+
+        pooled = (pods_of("baseline"), pods_of("canary"))
+        intervals: IntervalBuckets | None = None
+        if not has_pod_reference(*pooled):  # the step's intervals are the replicates
+            baseline, canary = intervals_of("baseline"), intervals_of("canary")
+            both = sorted(baseline.keys() & canary.keys())
+            intervals = ([baseline[moment] for moment in both], [canary[moment] for moment in both])
         return assess_latency_check(
-            check, spec,
-            (counts_of("baseline"), counts_of("canary")),
-            (pods_of("baseline"), pods_of("canary")),
-            look=look, requests=counts, at=at, query=pod_query("canary"),
+            check, spec, (counts_of("baseline"), counts_of("canary")), pooled,
+            look=look, requests=counts, at=at, query=pod_query("canary"), intervals=intervals,
         )  # fmt: skip
 
     def measure(
@@ -323,17 +356,19 @@ class PrometheusSource:
         window = promql.format_window(window_seconds)
         step_seconds = window_seconds if step_seconds is None else max(window_seconds, step_seconds)
         step_window, look = promql.format_window(step_seconds), look_number(spec, step_seconds)
+        less_one = step_seconds - spec.interval_seconds
+        step_less_one = promql.format_window(less_one) if less_one >= 1 else None
         try:
             client = self._client(spec)
         except Unreachable as exc:
             return [error_measurement("prometheus", str(exc), at=at)]
         with closing(client):
-            return self._measure(client, spec, (window, step_window), look, at)
+            return self._measure(client, spec, (window, step_window, step_less_one), look, at)
 
     def _measure(
-        self, client: QueryClient, spec: AnalysisSpec, windows: tuple[str, str], look: int, at: str
+        self, client: QueryClient, spec: AnalysisSpec, windows: tuple[str, str, str | None], look: int, at: str
     ) -> list[Measurement]:
-        window, step_window = windows
+        window = windows[0]
         out: list[Measurement] = []
         try:
             b, c, q = self._pair(client, lambda s: promql.render_named("requests", s, window))
@@ -348,7 +383,7 @@ class PrometheusSource:
             name = latency_metric_name(check)
             try:
                 if check.test == "rank":
-                    out.append(self._rank(client, spec, check, (window, step_window), look, counts, at))
+                    out.append(self._rank(client, spec, check, windows, look, counts, at))
                     continue
                 reading = self._latency(client, check.metric, check.quantile, window)
             except (Unreachable, QueryError) as exc:

@@ -107,3 +107,25 @@ def chi_square_quantile(probability: float, degrees: int) -> float:
     the lower tail: the upper bound it gives reads a little high)."""
     shrink = 2 / (9 * degrees)
     return degrees * max(1e-9, 1 - shrink + _NORMAL.inv_cdf(probability) * math.sqrt(shrink)) ** 3
+
+
+def interval_spread(
+    baseline: Sequence[list[tuple[float, float]]], canary: Sequence[list[tuple[float, float]]]
+) -> tuple[PodSpread, float, int]:
+    """(the spread of the canary's effect from interval to interval beyond its requests' noise, that spread's weight
+    in the effect pooled over the step, the intervals counted): each full interval of the step is a replicate (both
+    roles' buckets per interval, ``cumulative_counts``). What varies between intervals (each pod's own load, its
+    queue) is in it; what stays with a pod for the whole step (its node) is not: only other pods show that."""
+    pairs = [(base, own) for base, own in zip(baseline, canary, strict=True) if base[-1][1] > 0 and own[-1][1] > 0]
+    if len(pairs) < 2:
+        return PodSpread(squares=0.0, request_variance=0.0, degrees=0), 1.0, len(pairs)
+    effects, variances = [], []
+    for base, own in pairs:
+        bounds, (base_counts, own_counts) = on_bounds([base, own])
+        effect, deviation = rank_effect(
+            list(zip(bounds, base_counts, strict=True)), list(zip(bounds, own_counts, strict=True)), 0.0, 0.0
+        )
+        effects.append(effect)
+        variances.append(deviation**2)
+    weights = pod_weights([own for _, own in pairs])  # each interval's share of the canary's requests, squared
+    return spread_of([(effects, variances)]), weights, len(pairs)

@@ -51,6 +51,10 @@ TEMPLATES: dict[str, str] = {
     # The same per pod (its scrape target: ``instance`` is always there, ``pod`` where the scrape config maps it):
     # the pods' own spread widens the rank test's variance.
     "latency_pod_counts": "sum by (pod, instance, le) (increase({${histogram},$selector}[$window]))",
+    # The step's full intervals, one sample each (a subquery: Prometheus aligns its samples to multiples of the
+    # interval, so $range = the step less one interval keeps every window inside the step): where no role has two
+    # pods, the intervals are the replicates that show a pod's own noise.
+    "latency_interval_counts": "(sum by (le) (increase({${histogram},$selector}[$window])))[$range:$window]",
     # Requests the engine finished (any finished_reason) plus generation requests that failed with HTTP 5xx: the
     # traffic count compared to minRequests (a canary failing every request still counts as traffic).
     "requests": (
@@ -194,6 +198,15 @@ def render_latency_buckets(metric: str, selector: str, window: str, template: st
         )
     histogram = vllm_series(LATENCY_HISTOGRAMS[metric] + "_bucket")
     return render(TEMPLATES[template], {"histogram": histogram, "selector": selector, "window": _check_window(window)})
+
+
+def render_interval_buckets(metric: str, selector: str, window: str, range_: str) -> str:
+    """Bucket counts of each full ``window`` in the last ``range_`` (a matrix: one sample per window and ``le``)."""
+    if metric not in LATENCY_HISTOGRAMS:
+        raise TemplateError(f"latency metric {metric!r}: must be one of {', '.join(LATENCY_HISTOGRAMS)}")
+    histogram = vllm_series(LATENCY_HISTOGRAMS[metric] + "_bucket")
+    variables = {"histogram": histogram, "selector": selector, "window": _check_window(window)}
+    return render(TEMPLATES["latency_interval_counts"], {**variables, "range": _check_window(range_)})
 
 
 _NAMED = ("requests", "error_rate", "preemptions", "kv_cache_usage", "requests_running", "requests_waiting")

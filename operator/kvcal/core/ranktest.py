@@ -8,7 +8,9 @@ a tolerance? (docs/concepts.md, "The latency test", has the design and its reaso
   baseline's bucket bounds through g and reading the moved baseline on the canary's bounds (interpolated like
   ``quantile_from_buckets``: probit-log inside a bucket, exact for a lognormal).
 - Pods: each pod's own noise (its node, its queue) is not the requests'. The spread of each role's pods beyond their
-  requests' noise widens the verdict's variance, read as Student's t (``pod_spread``, ``spread_z``).
+  requests' noise widens the verdict's variance, read as Student's t (``pod_spread``, ``spread_z``). Where no role
+  has two pods, the step's full intervals are the replicates (``interval_spread``): they show a pod's own load, not
+  its node, and before FEWEST_INTERVALS of them nothing is decided.
 - Two one-sided decisions, each tested twice: Failed when the canary is confidently slower than baseline x (1 +
   rollbackAbove) and than one indifference zone below that; Successful when it is confidently within baseline x
   (1 + maxRegression) and one zone above that; Undecided (more data) otherwise, and past the last look the run's
@@ -38,7 +40,7 @@ from kvcal.core.analysis import (
     too_few_requests,
 )
 from kvcal.core.histograms import Buckets, cumulative_counts, pool, rank_effect
-from kvcal.core.podspread import pod_spread, pod_weights, spread_z
+from kvcal.core.podspread import interval_spread, pod_spread, pod_weights, spread_z
 from kvcal.core.sequential import boundaries
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
 from kvcal.models.status import AnalysisStatus, Measurement
@@ -62,9 +64,16 @@ LOOKS_PER_SUCCESSFUL_INTERVAL = 2
 BOUNDARY_SHAPE = 0.25
 
 PodBuckets = Sequence[Buckets]  # one role's buckets, one histogram per pod (``sum by (pod, le)``)
+IntervalBuckets = tuple[Sequence[Buckets], Sequence[Buckets]]  # (baseline, canary): each interval of the step
 RankVerdict = Literal["Failed", "Successful", "Undecided"]
-# No role with two pods that answered: no pod's own spread to measure; the verdict counts requests alone and says so.
-NO_POD_REFERENCE = "1 baseline pod and 1 canary pod: pod-to-pod noise not measured (run 2+ baseline pods)"
+# What the verdict's variance learns the pods' own noise from: other pods of a role, the step's intervals (no role
+# with two pods), or nothing (no intervals given: requests alone; the operator always gives them).
+Reference = Literal["pods", "intervals", "requests"]
+# No role with two pods that answered: the intervals of the step are the replicates, and the messages say what that
+# cannot see (a pod's node stays with it for the whole step).
+NO_POD_REFERENCE = "1 baseline pod and 1 canary pod: node offsets not measured (run 2+ baseline pods)"
+# Two intervals are the fewest that show how the canary's effect varies: before them no decision.
+FEWEST_INTERVALS = 2
 
 
 @dataclass(frozen=True)
@@ -136,18 +145,30 @@ class RankResult:
     pods: tuple[int, int]  # (baseline, canary) pods with a histogram
     pod_degrees: int  # the pods' spread's degrees of freedom: 0 when no role has two pods with requests
     pod_deviation: float  # the pods' own spread beyond their requests' (standard deviation on the effect scale)
-    degrees: float  # the verdict's degrees of freedom (inf: nothing estimated, e.g. one pod per role)
+    degrees: float  # the verdict's degrees of freedom (inf: nothing estimated)
+    reference: Reference = "pods"
+    intervals: int = 0  # the step's intervals with requests on both roles (reference "intervals")
 
 
-def rank_test(baseline: PodBuckets, canary: PodBuckets, plan: Design, look: int) -> RankResult:
+def rank_test(
+    baseline: PodBuckets, canary: PodBuckets, plan: Design, look: int, intervals: IntervalBuckets | None = None
+) -> RankResult:
     """Look ``look`` of the sequential test on each pod's buckets pooled since the step began (see the module's
-    docstring): the rank effect of the roles' pools, its variance widened by the pods' own spread."""
+    docstring): the rank effect of the roles' pools, its variance widened by the pods' own spread, or where no role
+    has two pods, by the spread of the step's ``intervals``."""
     rollback_critical, healthy_critical, promote_critical, regressed_critical = plan.critical(look)
     baseline_pods = [cumulative_counts(buckets) for buckets in baseline]
     canary_pods = [cumulative_counts(buckets) for buckets in canary]
     baseline_points, canary_points = pool(baseline_pods), pool(canary_pods)
     spread = pod_spread([baseline_pods, canary_pods])
     weights = pod_weights(baseline_pods) + pod_weights(canary_pods)
+    reference: Reference = "pods" if spread.degrees else "requests"
+    replicates = 0
+    if reference == "requests" and intervals is not None:
+        reference = "intervals"
+        spread, weights, replicates = interval_spread(
+            *([cumulative_counts(each) for each in role] for role in intervals)
+        )
     slower_effect = rank_effect(baseline_points, canary_points, plan.rollback_tolerance, plan.floor)
     within_effect = rank_effect(baseline_points, canary_points, plan.promote_tolerance, plan.floor, "upper")
     healthy_effect = rank_effect(baseline_points, canary_points, plan.healthy_tolerance, 0.0)  # no floor: above
@@ -158,7 +179,8 @@ def rank_test(baseline: PodBuckets, canary: PodBuckets, plan: Design, look: int)
     z_regressed, _ = spread_z(*regressed_effect, spread, weights)
     slower, _ = rank_effect(baseline_points, canary_points, 0.0, 0.0)
     verdict: RankVerdict = (
-        "Failed" if z_slower >= rollback_critical and z_healthy >= healthy_critical
+        "Undecided" if reference == "intervals" and replicates < FEWEST_INTERVALS
+        else "Failed" if z_slower >= rollback_critical and z_healthy >= healthy_critical
         else "Successful" if z_within <= -promote_critical and z_regressed <= -regressed_critical
         else "Undecided"
     )  # fmt: skip
@@ -175,6 +197,8 @@ def rank_test(baseline: PodBuckets, canary: PodBuckets, plan: Design, look: int)
         pod_degrees=spread.degrees,
         pod_deviation=math.sqrt(spread.excess),
         degrees=degrees,
+        reference=reference,
+        intervals=replicates,
     )
 
 
@@ -188,6 +212,7 @@ def assess_rank(
     requests: RequestCounts | None,
     at: str,
     query: str | None = None,
+    intervals: IntervalBuckets | None = None,
 ) -> Measurement:
     """The rank test's verdict at ``look`` (1 = the step's first interval) on the ``pooled`` (baseline, canary)
     buckets of each pod since the step began; the ``interval``'s quantiles are recorded for people, as the quantile
@@ -210,7 +235,7 @@ def assess_rank(
                 f"baseline x{1 + plan.rollback_tolerance:g} nor within x{1 + plan.promote_tolerance:g}"
             ),
         )  # fmt: skip
-    result = rank_test(pooled[0], pooled[1], plan, look)
+    result = rank_test(pooled[0], pooled[1], plan, look, intervals)
     rollback_critical, healthy_critical, promote_critical, regressed_critical = plan.critical(look)
     outcome = {
         "Failed": f"slower than baseline x{1 + plan.rollback_tolerance:g}",
@@ -233,9 +258,23 @@ def assess_rank(
 
 def _pods(result: RankResult) -> str:
     baseline, canary = result.pods
-    if result.pod_degrees == 0:
-        return NO_POD_REFERENCE
-    return f"pods {baseline}+{canary}, pod spread {result.pod_deviation:.3f} (df {min(result.degrees, 999):.1f})"
+    if result.reference == "requests":
+        return f"{NO_POD_REFERENCE}, requests alone"
+    if result.reference == "intervals" and result.intervals < FEWEST_INTERVALS:
+        return (
+            f"{NO_POD_REFERENCE}; {result.intervals} full interval(s) of the step, {FEWEST_INTERVALS} needed to "
+            "measure the pods' own noise"
+        )
+    spread = f"pod spread {result.pod_deviation:.3f} (df {min(result.degrees, 999):.1f})"
+    if result.reference == "intervals":
+        return f"{NO_POD_REFERENCE}; {spread} over {result.intervals} intervals"
+    return f"pods {baseline}+{canary}, {spread}"
+
+
+def has_pod_reference(baseline: PodBuckets, canary: PodBuckets) -> bool:
+    """Whether a role has two pods with requests (as ``pod_spread`` counts them): else the verdict needs the step's
+    intervals (``assess_latency_check``'s ``intervals``)."""
+    return any(sum(1 for buckets in role if _total([buckets]) > 0) >= 2 for role in (baseline, canary))
 
 
 def _quantile(q: float, buckets: Buckets) -> float | None:
@@ -261,11 +300,14 @@ def assess_latency_check(
     requests: RequestCounts | None,
     at: str,
     query: str | None = None,
+    intervals: IntervalBuckets | None = None,
 ) -> Measurement:
     """One latency check as the operator judges it (the Prometheus adapter and benchmarks/bench_analysis.py both
     call this): the rank test on each pod's ``pooled`` buckets, or the quantile test on the ``interval``'s."""
     if check.test == "rank" and pooled is not None:
-        return assess_rank(check, spec, interval, pooled, look=look, requests=requests, at=at, query=query)
+        return assess_rank(
+            check, spec, interval, pooled, look=look, requests=requests, at=at, query=query, intervals=intervals
+        )
     baseline, canary = (_quantile(check.quantile, buckets) for buckets in interval)
     gate = RequestGate(requests, spec.min_requests)
     return assess_latency(check, Reading(baseline, canary, query), gate=gate, at=at)
