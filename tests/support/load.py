@@ -4,7 +4,8 @@ replica count, as the ``replicas`` router intends.
 
 `endpoints()` is re-read once a second (kube-proxy's endpoint sync); each address's model id comes from its own
 /v1/models. Counts of answered and failed requests per address are kept for the test's assertions. `pause()` and
-`resume()` stop and restart the traffic without ending the clients (e.g. while a new vLLM loads on the same cores).
+`resume()` stop and restart the traffic without ending the clients (e.g. while a new vLLM loads on the same cores);
+`limit(clients)` lets only that many of them send.
 """
 
 import itertools
@@ -31,6 +32,7 @@ class LoadGenerator:
     def __init__(self, endpoints: Callable[[], list[str]], *, concurrency: int = 4, max_tokens: int = 16) -> None:
         self._endpoints = endpoints
         self.concurrency = concurrency
+        self._sending = concurrency  # clients with a lower index send; the others wait (limit)
         self.max_tokens = max_tokens
         self.answered: Counter[str] = Counter()
         self.failed: Counter[str] = Counter()
@@ -59,6 +61,9 @@ class LoadGenerator:
     def resume(self) -> None:
         self._running.set()
 
+    def limit(self, clients: int) -> None:
+        self._sending = clients
+
     def stop(self) -> None:
         self._stop.set()
         self._running.set()
@@ -85,6 +90,9 @@ class LoadGenerator:
         with httpx.Client(timeout=120) as http:
             while not self._stop.is_set():
                 self._running.wait()
+                if index >= self._sending:
+                    self._stop.wait(0.2)
+                    continue
                 address = self._next()
                 if address is None:
                     self._stop.wait(0.2)  # no ready endpoint yet
