@@ -74,9 +74,10 @@ SUITE = {
 }  # fmt: skip
 ANALYSIS = {
     # 1 baseline pod and 1 canary pod: the rank test learns each pod's own noise from the step's intervals, so its
-    # first looks gather them (the intervals lag the looks by 2) and it decides on the later ones of its 16. Here the
-    # healthy canary's first Successful look came at look 6 or 7 (the intervals' spread 0.2 on the P scale, read as
-    # Student's t with few degrees): 8 in a row of 16 leaves a few looks for one noisy interval to break the run.
+    # first looks gather them (one fewer than the looks; two in act 1, whose first interval had no canary traffic yet)
+    # and it decides on the later ones of its 16. Here the healthy canary's first Successful look came at look 5 to 7
+    # (the intervals' spread ~0.2 on the P scale, read as Student's t with few degrees): 8 in a row of 16 leave a few
+    # looks for one noisy interval to break the run.
     "interval": "20s",
     "warmup": "20s",  # a new vLLM's first requests are slow
     "successfulIntervals": 8,
@@ -199,7 +200,7 @@ def real(
     backends = ClusterBackendsForTest(cluster_backends=ClusterBackends(kube, policy))
     operator = OperatorThread(release.kubeconfig, namespace, backends, policy)
     # 8 clients, round robin, each waiting for its reply: the serialising canary of act 1 queues most of them, so it
-    # is slower in every interval (P(canary slower) 0.94-0.98 here beside a busy core). With 4, a loaded CI machine
+    # is slower in every interval (P(canary slower) 0.94-0.99 here beside a busy core). With 4, a loaded CI machine
     # read 0.74 with the intervals' spread too wide for a confident verdict: a canary no honest test can call slower.
     # Act 2 sends with 4 (LOAD_CLIENTS_HEALTHY).
     load.append(LoadGenerator(lambda: service_endpoints(kube, kubelet, namespace), concurrency=8))
