@@ -100,8 +100,12 @@ class Probes(Protocol):
 class Router(Protocol):
     """Sends `weight` percent of user traffic to the canary (no-op for the replicas and none routers)."""
 
-    def set_weight(self, target: "Target", weight: int, mirror: int = 0) -> None:
-        """`mirror`: percent of requests also mirrored to the canary (the shadow stage; 0 removes the mirror)."""
+    def set_weight(
+        self, target: "Target", weight: int, mirror: int = 0, seen: tuple[int | None, int | None] | None = None
+    ) -> None:
+        """`mirror`: percent of requests also mirrored to the canary (the shadow stage; 0 removes the mirror).
+        `seen`: the (weight, mirror) the pass read (get_weight, get_mirror); where the route no longer shows them,
+        raise Conflict rather than undo an edit the pass has not judged."""
         ...
 
     def get_weight(self, target: "Target") -> int | None:

@@ -8,6 +8,7 @@ in test_lifecycle): the operator only ever acts on what it reads.
 """
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +16,14 @@ import pytest
 import yaml
 from kubernetes import client
 
-from kvcal.adapters.router import canary_share
+from kvcal.adapters.router import GatewayApiRouter, canary_share
+from kvcal.ports import Target
 from tests.support.cluster import Cluster, wait_for
 from tests.support.gateway_api import HTTPROUTE_CRD
 from tests.support.gateway_crds import GATEWAY_API, httproute_rules
 from tests.support.recorder import PollingRecorder
 from tests.support.world import (
+    GatewayBackends,
     World,
     baseline,
     dataset_configmap,
@@ -154,4 +157,39 @@ def test_route_edited_during_analysis_is_reported_and_put_back(world: World, tmp
     drift = w.cluster.get_json("events", "-n", w.namespace, "--field-selector", "reason=WeightDrift")["items"]
     event: dict[str, Any] = drift[0]  # type: ignore[index]
     assert event["type"] == "Warning" and "sent 40% to the canary, not 30%" in event["message"]
+    assert w.phase(name) == "Analyzing"
+
+
+class EditedAfterItsRead(GatewayApiRouter):
+    """The operator's real router, with someone else's edit landing right after the pass has read the route and before
+    it writes: the race a 1 s analysis pass sometimes loses to a person's (or a GitOps tool's) edit."""
+
+    def __init__(self, router: GatewayApiRouter, edit: Callable[[], None]) -> None:
+        self.api, self.edit = router.api, edit
+
+    def get_mirror(self, target: Target) -> int | None:  # the pass reads the weight, then the mirror
+        mirror = super().get_mirror(target)
+        edit, self.edit = self.edit, lambda: None
+        edit()
+        return mirror
+
+
+def test_route_edited_between_the_pass_read_and_its_write_is_reported(world: World, tmp_path: Path) -> None:
+    """CI on stop 33: the pass read 30%, the edit to 40% landed, the pass put 30% back without a WeightDrift event."""
+    w, name = world, "gw-race"
+    analyzing(w, name, tmp_path)
+    rules = route_rules(w)
+    for ref in rules[0]["backendRefs"]:
+        ref["weight"] = 40 if ref["name"] == f"{name}-canary" else 60
+
+    def edit() -> None:
+        routes(w).patch_namespaced_custom_object(*GATEWAY_API, w.namespace, "httproutes", "llm",
+                                                 {"spec": {"rules": rules}},
+                                                 _content_type="application/merge-patch+json")  # fmt: skip
+
+    backends = w.backends
+    assert isinstance(backends, GatewayBackends) and backends.router_fake is not None
+    backends.router_fake = EditedAfterItsRead(backends.router_fake, edit)
+    wait_for(lambda: "WeightDrift" in w.events(name), 30, "a WeightDrift event")
+    wait_for(lambda: canary_weight(w, name) == 30, 30, "the HTTPRoute back at 30% on the canary")
     assert w.phase(name) == "Analyzing"

@@ -10,7 +10,7 @@ from kubernetes import client
 from kvcal.adapters.router import GatewayApiRouter
 from kvcal.cli import main
 from kvcal.models.spec import KVCalibrationSpec
-from kvcal.ports import Target
+from kvcal.ports import Conflict, Target
 from tests.support.cluster import Cluster
 from tests.support.gateway_api import HTTPROUTE_CRD
 
@@ -77,3 +77,22 @@ def test_gateway_router_sets_and_restores_weights(control_plane: Cluster, namesp
                       {"name": "smollm2-demo-canary", "port": 8000, "weight": 10}]  # fmt: skip
     router.set_weight(target, 0)
     assert refs() == [{"name": "smollm2", "port": 8000}]
+
+    # An edit that landed after the pass read the route (0%) is not undone unseen: Conflict, and the pass re-reads.
+    router.set_weight(target, 10)
+    with pytest.raises(Conflict, match=rf"HTTPRoute {namespace}/smollm2 changed since this pass read it"):
+        router.set_weight(target, 0, seen=(0, 0))
+    assert router.get_weight(target) == 10
+    router.set_weight(target, 0, seen=(10, 0))
+    assert refs() == [{"name": "smollm2", "port": 8000}]
+
+    # An edit between the router's own read and its patch: the API's 409 on the stale resourceVersion is a Conflict.
+    class ReadsBeforeTheEdit(GatewayApiRouter):
+        def _route(self, target: Target) -> dict[str, Any] | None:
+            return stale
+
+    stale = router._route(target)
+    router.set_weight(target, 10)
+    with pytest.raises(Conflict, match="changed since this pass read it"):
+        ReadsBeforeTheEdit(api_client).set_weight(target, 50)
+    assert router.get_weight(target) == 10

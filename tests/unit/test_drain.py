@@ -152,7 +152,9 @@ class FakeRoute:
     def __init__(self, weight: int, mirror: int = 0) -> None:
         self.weight, self.mirror = weight, mirror
 
-    def set_weight(self, target: Target, weight: int, mirror: int = 0) -> None:
+    def set_weight(
+        self, target: Target, weight: int, mirror: int = 0, seen: tuple[int | None, int | None] | None = None
+    ) -> None:
         self.weight, self.mirror = weight, mirror
 
     def get_weight(self, target: Target) -> int | None:

@@ -3,7 +3,8 @@
 - ``gateway-api``: rewrites the backendRef weights of the HTTPRoute named in ``spec.serving.traffic.httpRoute``:
   every rule that routes to the baseline Service gets the canary Service beside it (same port), weights
   ``100 - w`` and ``w``; weight 0 removes the canary backendRef again (rollback/promotion restore the route as it
-  was). Written with the object's resourceVersion, so a concurrent edit is a conflict, not a lost update.
+  was). Written with the object's resourceVersion, so a concurrent edit is a conflict, not a lost update, and
+  only while the route shows the share the pass read (``seen``): an edit is judged (WeightDrift) before it is undone.
   ``get_weight`` reads the share back from the route (the operator never assumes its write landed). The shadow
   stage adds a RequestMirror filter to the same rules (``get_mirror`` reads it back), after ``gateway_features``
   showed the route's Gateway class supports it.
@@ -22,7 +23,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kvcal.core.manifests.pool import POOL_GROUP, POOL_KIND, canary_pool_name
-from kvcal.ports import Router, Target
+from kvcal.ports import Conflict, Router, Target
 
 log = logging.getLogger(__name__)
 GROUP, VERSION, PLURAL = "gateway.networking.k8s.io", "v1", "httproutes"
@@ -145,6 +146,14 @@ def canary_share(rules: list[dict[str, Any]], baseline: str, canary: str, backen
     return max(shares)
 
 
+def _routing(route: dict[str, Any] | None, target: Target) -> tuple[int, int]:
+    """(the canary's weight, the percent mirrored to it) as the route shows them; (0, 0) without a route."""
+    if route is None:
+        return 0, 0  # no route, so nothing routes or mirrors to the canary
+    rules = route.get("spec", {}).get("rules") or []
+    return canary_share(rules, *backends(target)), mirror_share(rules, target.canary_service)
+
+
 def backends(target: Target) -> tuple[str, str, BackendKind]:
     """(baseline, canary, what they are) in the HTTPRoute: the two Services, or the two InferencePools."""
     traffic = target.spec.serving.traffic
@@ -181,17 +190,10 @@ class GatewayApiRouter:
         return route
 
     def get_weight(self, target: Target) -> int | None:
-        route = self._route(target)
-        if route is None:
-            return 0  # no route, so nothing routes to the canary
-        rules = route.get("spec", {}).get("rules") or []
-        return canary_share(rules, *backends(target))
+        return _routing(self._route(target), target)[0]
 
     def get_mirror(self, target: Target) -> int | None:
-        route = self._route(target)
-        if route is None:
-            return 0
-        return mirror_share(route.get("spec", {}).get("rules") or [], target.canary_service)
+        return _routing(self._route(target), target)[1]
 
     def gateway_features(self, target: Target) -> frozenset[str] | None:
         """The features every parent Gateway's class supports (a mirror must work on each); None if any is unread."""
@@ -226,9 +228,14 @@ class GatewayApiRouter:
             raise
         return found if isinstance(found, dict) else None
 
-    def set_weight(self, target: Target, weight: int, mirror: int = 0) -> None:
+    def set_weight(
+        self, target: Target, weight: int, mirror: int = 0, seen: tuple[int | None, int | None] | None = None
+    ) -> None:
         name = self._route_name(target)
         route = self._route(target)
+        changed = f"HTTPRoute {target.namespace}/{name} changed since this pass read it"
+        if seen is not None and _routing(route, target) != seen:
+            raise Conflict(changed)  # an edit the pass has not judged: it re-reads, reports it and puts it back
         if route is None:
             if weight == 0 and mirror == 0:
                 return  # nothing to take the canary out of
@@ -239,11 +246,16 @@ class GatewayApiRouter:
         if new_rules == rules:
             return
         # A merge patch (the chart grants get/patch, not update) carrying the resourceVersion it read: a concurrent
-        # edit answers 409 instead of being overwritten.
+        # edit answers 409 instead of being overwritten, and the pass re-reads.
         patch = {"metadata": {"resourceVersion": route["metadata"]["resourceVersion"]}, "spec": {"rules": new_rules}}
-        self.api.patch_namespaced_custom_object(
-            GROUP, VERSION, target.namespace, PLURAL, name, patch, _content_type="application/merge-patch+json"
-        )
+        try:
+            self.api.patch_namespaced_custom_object(
+                GROUP, VERSION, target.namespace, PLURAL, name, patch, _content_type="application/merge-patch+json"
+            )
+        except ApiException as e:
+            if e.status == 409:
+                raise Conflict(changed) from e
+            raise
         log.info(
             "HTTPRoute %s/%s: canary %s %s at %d%%, mirrored %d%%",
             target.namespace,
@@ -258,7 +270,9 @@ class GatewayApiRouter:
 class NopRouter:
     """replicas / none: the weight follows the replica counts the operator already applied."""
 
-    def set_weight(self, target: Target, weight: int, mirror: int = 0) -> None:
+    def set_weight(
+        self, target: Target, weight: int, mirror: int = 0, seen: tuple[int | None, int | None] | None = None
+    ) -> None:
         return None
 
     def get_weight(self, target: Target) -> int | None:

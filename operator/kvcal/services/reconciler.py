@@ -157,6 +157,11 @@ def workload_state(kind: WorkloadKind, workload: Manifest | None) -> DeploymentS
     )
 
 
+def routed(obs: Observations) -> tuple[int | None, int | None] | None:
+    """The route's (weight, mirror) the pass read; None where it read none."""
+    return None if obs.routed_weight is None else (obs.routed_weight, obs.routed_mirror)
+
+
 def _recovered(status: KVCalibrationStatus, now: datetime, generation: int) -> KVCalibrationStatus:
     """A pass that got this far succeeded: a ReconcileError left by an earlier one turns False."""
     previous = get_condition(status.conditions, RECONCILE_ERROR)
@@ -252,7 +257,7 @@ class Reconciler:
         decision = decide(spec, status, obs, now, on_unexpected="block")
         if decision.unexpected is not None:
             log.error("%s/%s: blocked by an unexpected error", namespace, name, exc_info=decision.unexpected)
-        self.act(owner, decision, adapters)
+        self.act(owner, decision, adapters, routed(obs))
         new_status = _recovered(decision.status, now, obs.generation)
         if self.notifier:  # the deliveries it confirmed go into this write (module docstring)
             new_status = self.notifier.record(owner, new_status)
@@ -456,7 +461,15 @@ class Reconciler:
             pods = list({p["metadata"]["name"]: p for p in listed}.values())
         return probe_urls(target.name, pods, workload, self.kube.get("Service", ns, baseline.service))
 
-    def act(self, owner: Owner, decision: Decision, adapters: PassAdapters | None) -> None:
+    def act(
+        self,
+        owner: Owner,
+        decision: Decision,
+        adapters: PassAdapters | None,
+        seen: tuple[int | None, int | None] | None = None,
+    ) -> None:
+        """The decision's actions, in order. `seen`: the route's (weight, mirror) the decision was made on; a route
+        that changed since raises Conflict, so the pass re-reads and judges the edit (WeightDrift) before undoing it."""
         ns = owner.namespace
         for action in decision.actions:
             match action:
@@ -471,7 +484,8 @@ class Reconciler:
                 case SetWeight(weight=weight, mirror=mirror):
                     router = adapters.router if adapters else None
                     if router is not None and adapters is not None:
-                        router.set_weight(adapters.target, weight, mirror)
+                        router.set_weight(adapters.target, weight, mirror, seen)
+                        seen = (weight, mirror) if seen is not None else None
 
     def cleanup(self, namespace: str, name: str) -> Cleanup:
         """On delete: take the canary out of traffic (core.deletion; the drain state goes to status, so a restart
@@ -516,7 +530,7 @@ class Reconciler:
             weight, mirror = self.routing(adapters)
             obs = Observations(**{**obs.__dict__, "canary": canary, "routed_weight": weight, "routed_mirror": mirror})
         decision = decide_deletion(spec, status, obs, now)
-        self.act(owner, decision, adapters)
+        self.act(owner, decision, adapters, routed(obs))
         if decision.requeue_after is not None and decision.status != status:  # the drain resumes from status
             self.kube.replace_status(owner.namespace, owner.name, meta["resourceVersion"], decision.status.to_wire())
         return decision.requeue_after
