@@ -143,21 +143,30 @@ def test_rollback_routes_to_the_baseline_before_deleting_the_canary(world: World
     assert [h["phase"] for h in obj["status"]["history"]][-2:] == ["RollingBack", "RolledBack"]
 
 
-def test_route_edited_during_analysis_is_reported_and_put_back(world: World, tmp_path: Path) -> None:
-    w, name = world, "gw-drift"
-    analyzing(w, name, tmp_path)
+def edit_route_to_40(w: World, name: str) -> None:
+    """Someone else's edit of the HTTPRoute: 40% to the canary instead of the step's 30%."""
     rules = route_rules(w)
     for ref in rules[0]["backendRefs"]:
         ref["weight"] = 40 if ref["name"] == f"{name}-canary" else 60
     patch = {"spec": {"rules": rules}}
     routes(w).patch_namespaced_custom_object(*GATEWAY_API, w.namespace, "httproutes", "llm", patch,
                                              _content_type="application/merge-patch+json")  # fmt: skip
+
+
+def assert_drift_reported_and_put_back(w: World, name: str) -> None:
     wait_for(lambda: "WeightDrift" in w.events(name), 30, "a WeightDrift event")
     wait_for(lambda: canary_weight(w, name) == 30, 30, "the HTTPRoute back at 30% on the canary")
     drift = w.cluster.get_json("events", "-n", w.namespace, "--field-selector", "reason=WeightDrift")["items"]
     event: dict[str, Any] = drift[0]  # type: ignore[index]
     assert event["type"] == "Warning" and "sent 40% to the canary, not 30%" in event["message"]
     assert w.phase(name) == "Analyzing"
+
+
+def test_route_edited_during_analysis_is_reported_and_put_back(world: World, tmp_path: Path) -> None:
+    w, name = world, "gw-drift"
+    analyzing(w, name, tmp_path)
+    edit_route_to_40(w, name)
+    assert_drift_reported_and_put_back(w, name)
 
 
 class EditedAfterItsRead(GatewayApiRouter):
@@ -178,18 +187,7 @@ def test_route_edited_between_the_pass_read_and_its_write_is_reported(world: Wor
     """CI on stop 33: the pass read 30%, the edit to 40% landed, the pass put 30% back without a WeightDrift event."""
     w, name = world, "gw-race"
     analyzing(w, name, tmp_path)
-    rules = route_rules(w)
-    for ref in rules[0]["backendRefs"]:
-        ref["weight"] = 40 if ref["name"] == f"{name}-canary" else 60
-
-    def edit() -> None:
-        routes(w).patch_namespaced_custom_object(*GATEWAY_API, w.namespace, "httproutes", "llm",
-                                                 {"spec": {"rules": rules}},
-                                                 _content_type="application/merge-patch+json")  # fmt: skip
-
     backends = w.backends
     assert isinstance(backends, GatewayBackends) and backends.router_fake is not None
-    backends.router_fake = EditedAfterItsRead(backends.router_fake, edit)
-    wait_for(lambda: "WeightDrift" in w.events(name), 30, "a WeightDrift event")
-    wait_for(lambda: canary_weight(w, name) == 30, 30, "the HTTPRoute back at 30% on the canary")
-    assert w.phase(name) == "Analyzing"
+    backends.router_fake = EditedAfterItsRead(backends.router_fake, lambda: edit_route_to_40(w, name))
+    assert_drift_reported_and_put_back(w, name)
