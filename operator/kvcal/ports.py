@@ -97,12 +97,14 @@ class Probes(Protocol):
     def run(self, spec: AnalysisSpec, baseline_url: str, canary_url: str) -> list[Measurement]: ...
 
 
+# (the canary's weight, the percent mirrored to it) as a pass read them from the router; None where it reads none.
+Routing = tuple[int | None, int | None]
+
+
 class Router(Protocol):
     """Sends `weight` percent of user traffic to the canary (no-op for the replicas and none routers)."""
 
-    def set_weight(
-        self, target: "Target", weight: int, mirror: int = 0, seen: tuple[int | None, int | None] | None = None
-    ) -> None:
+    def set_weight(self, target: "Target", weight: int, mirror: int = 0, seen: Routing | None = None) -> None:
         """`mirror`: percent of requests also mirrored to the canary (the shadow stage; 0 removes the mirror).
         `seen`: the (weight, mirror) the pass read (get_weight, get_mirror); where the route no longer shows them,
         raise Conflict rather than undo an edit the pass has not judged."""

@@ -14,7 +14,7 @@ from kvcal.core.manifests import canary_name
 from kvcal.core.observations import DeploymentState
 from kvcal.core.spechash import spec_hash
 from kvcal.models.status import AnalysisStatus, CalibrationStatus, CanaryStatus, KVCalibrationStatus, Phase
-from kvcal.ports import MetricsSource, Probes, Router, Target
+from kvcal.ports import MetricsSource, Probes, Router, Routing, Target
 from kvcal.services.reconciler import Reconciler
 from tests.support.decide import NOW, OWNER, actions, baseline, observations, spec
 from tests.support.fakekube import FakeKube, kvcal
@@ -152,9 +152,7 @@ class FakeRoute:
     def __init__(self, weight: int, mirror: int = 0) -> None:
         self.weight, self.mirror = weight, mirror
 
-    def set_weight(
-        self, target: Target, weight: int, mirror: int = 0, seen: tuple[int | None, int | None] | None = None
-    ) -> None:
+    def set_weight(self, target: Target, weight: int, mirror: int = 0, seen: Routing | None = None) -> None:
         self.weight, self.mirror = weight, mirror
 
     def get_weight(self, target: Target) -> int | None:

@@ -23,7 +23,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kvcal.core.manifests.pool import POOL_GROUP, POOL_KIND, canary_pool_name
-from kvcal.ports import Conflict, Router, Target
+from kvcal.ports import Conflict, Router, Routing, Target
 
 log = logging.getLogger(__name__)
 GROUP, VERSION, PLURAL = "gateway.networking.k8s.io", "v1", "httproutes"
@@ -228,9 +228,7 @@ class GatewayApiRouter:
             raise
         return found if isinstance(found, dict) else None
 
-    def set_weight(
-        self, target: Target, weight: int, mirror: int = 0, seen: tuple[int | None, int | None] | None = None
-    ) -> None:
+    def set_weight(self, target: Target, weight: int, mirror: int = 0, seen: Routing | None = None) -> None:
         name = self._route_name(target)
         route = self._route(target)
         changed = f"HTTPRoute {target.namespace}/{name} changed since this pass read it"
@@ -270,9 +268,7 @@ class GatewayApiRouter:
 class NopRouter:
     """replicas / none: the weight follows the replica counts the operator already applied."""
 
-    def set_weight(
-        self, target: Target, weight: int, mirror: int = 0, seen: tuple[int | None, int | None] | None = None
-    ) -> None:
+    def set_weight(self, target: Target, weight: int, mirror: int = 0, seen: Routing | None = None) -> None:
         return None
 
     def get_weight(self, target: Target) -> int | None:

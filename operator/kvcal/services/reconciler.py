@@ -59,7 +59,7 @@ from kvcal.metrics import OperatorMetrics
 from kvcal.models.errors import describe
 from kvcal.models.spec import KVCalibrationSpec, WorkloadKind
 from kvcal.models.status import ConditionType, KVCalibrationStatus, Measurement, Phase
-from kvcal.ports import AnalysisBackends, Conflict, Kube, Manifest, MetricsSource, Probes, Router, Target
+from kvcal.ports import AnalysisBackends, Conflict, Kube, Manifest, MetricsSource, Probes, Router, Routing, Target
 from kvcal.services.failures import describe_failure
 from kvcal.services.notifier import Notifier
 
@@ -157,7 +157,7 @@ def workload_state(kind: WorkloadKind, workload: Manifest | None) -> DeploymentS
     )
 
 
-def routed(obs: Observations) -> tuple[int | None, int | None] | None:
+def routed(obs: Observations) -> Routing | None:
     """The route's (weight, mirror) the pass read; None where it read none."""
     return None if obs.routed_weight is None else (obs.routed_weight, obs.routed_mirror)
 
@@ -376,7 +376,7 @@ class Reconciler:
             obs = Observations(**{**obs.__dict__, "measurements": measurements, "kv_cache": self.kv_cache(adapters)})
         return obs
 
-    def routing(self, adapters: PassAdapters) -> tuple[int | None, int | None]:
+    def routing(self, adapters: PassAdapters) -> Routing:
         """The canary's weight and mirrored percent as the router reads them back."""
         router = adapters.router
         return (
@@ -466,7 +466,7 @@ class Reconciler:
         owner: Owner,
         decision: Decision,
         adapters: PassAdapters | None,
-        seen: tuple[int | None, int | None] | None = None,
+        seen: Routing | None = None,
     ) -> None:
         """The decision's actions, in order. `seen`: the route's (weight, mirror) the decision was made on; a route
         that changed since raises Conflict, so the pass re-reads and judges the edit (WeightDrift) before undoing it."""
