@@ -17,8 +17,9 @@ Each simulated rollout is one analysis step of 60 s intervals run until it passe
 
 Rows, all on the same simulated rollouts:
 - ``kvcal rank (operator)``: the default spec (or the one named); each interval goes through the operator's own
-  functions (kvcal.core.ranktest.assess_latency_check with the interval's and each pod's buckets, assess_requests,
-  then assess_run with the spec's limits and status counters), exactly what PrometheusSource.measure + decide do;
+  functions (kvcal.core.analysis.ranktest.assess_latency_check with the interval's and each pod's buckets,
+  assess_requests, then assess_run with the spec's limits and status counters), exactly what PrometheusSource.measure +
+  decide do;
 - ``kvcal quantile``: the same with ``test: quantile`` (one interval's p95 vs baseline x 1.10);
 - ``Flagger-like``: the canary's p95 alone vs a fixed maximum (nominal baseline p95 x 1.10); rolls back after 2
   failed checks, promotes after 5 passed ones;
@@ -26,7 +27,8 @@ Rows, all on the same simulated rollouts:
   Welch t-test of the raw log latencies that counts requests alone (no pod's own noise), which Prometheus never
   sees: the ceiling where requests are the only noise;
 - ``oracle, the pods' noise estimated`` (every row): the same with the pods' noise estimated from each pod's raw
-  mean by the rank test's own estimator (kvcal.core.podspread): what histograms cost, against the rank test's row;
+  mean by the rank test's own estimator (kvcal.core.analysis.podspread): what histograms cost, against the rank test's
+  row;
 - ``oracle, the pods' noise known`` (every row): the same with the variance the pods' node offsets and own load add,
   as the simulation drew them, known instead of estimated: what estimating it from a few pods costs, against the
   row above (a price any verdict pays that must hold for pods whose noise nobody stated).
@@ -44,11 +46,11 @@ from typing import Literal
 
 import numpy as np
 
-from kvcal.core.analysis import AnalysisVerdict, RequestCounts, assess_requests, assess_run
-from kvcal.core.histograms import Buckets
-from kvcal.core.podspread import spread_of, spread_z
-from kvcal.core.ranktest import IntervalBuckets, design
-from kvcal.core.ranktest import assess_latency_check as operator_check
+from kvcal.core.analysis.histograms import Buckets
+from kvcal.core.analysis.podspread import spread_of, spread_z
+from kvcal.core.analysis.ranktest import IntervalBuckets, design
+from kvcal.core.analysis.ranktest import assess_latency_check as operator_check
+from kvcal.core.analysis.verdict import AnalysisVerdict, RequestCounts, assess_requests, assess_run
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
 from kvcal.models.status import AnalysisStatus, Measurement
 
@@ -251,7 +253,7 @@ def operator_decider(spec: AnalysisSpec) -> Decider:
 
 
 # How an oracle counts the pods' own noise: not at all (requests alone), as the simulation drew it, or estimated from
-# each pod's raw mean log latency with the rank test's own estimator (kvcal.core.podspread).
+# each pod's raw mean log latency with the rank test's own estimator (kvcal.core.analysis.podspread).
 PodNoise = Literal["ignored", "known", "estimated"]
 
 
@@ -337,7 +339,7 @@ def oracle_zs(
         if answered.sum() < 2:
             continue
         # Each pod's deviation from its role's pool, and its requests' variance (the pod against the rest, scaled
-        # by 1 - its share), as kvcal.core.podspread.pod_spread reads them from histograms.
+        # by 1 - its share), as kvcal.core.analysis.podspread.pod_spread reads them from histograms.
         outside = 1 - shares[answered]
         variances = outside**2 * variance * (1 / role.n[answered] + 1 / (total - role.n[answered]))
         deviations_by_role.append(((role.mean[answered] - mean).tolist(), variances.tolist()))

@@ -6,7 +6,7 @@ clients, ROUNDS requests each, every request PROMPT_WORDS words of prompt and ex
 (ignore_eos), so each sequence needs the same KV blocks in both runs. A sampler reads /metrics every SAMPLE_SECONDS:
 vllm:num_requests_running / num_requests_waiting; preemptions are the vllm:num_preemptions_total delta; TTFT is
 measured by the client (first streamed token). KV tokens and bytes per token come from vllm:cache_config_info, read
-by kvcal.core.capacity as the operator does.
+by kvcal.core.analysis.capacity as the operator does.
 
 Run: .venv/bin/python benchmarks/bench_capacity.py [--clients 12] [--rounds 3] [--kv-mib 64]
 """
@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvcal.compare.run import fp8_kv_missing
 from kvcal.compare.server import SERVED_NAME, ServerConfig, VllmServer
-from kvcal.core.capacity import KVCacheConfig, parse_cache_config
+from kvcal.core.analysis.capacity import KVCacheConfig, parse_cache_config
 from kvcal.demo import demo_model_dir
 
 PROMPT_WORDS = 150

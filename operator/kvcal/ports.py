@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from kvcal.core.capacity import KVCacheReadings
+from kvcal.core.analysis.capacity import KVCacheReadings
 from kvcal.models.spec import AnalysisSpec, KVCalibrationSpec
 from kvcal.models.status import Measurement
 
@@ -83,7 +83,7 @@ class MetricsSource(Protocol):
         self, spec: AnalysisSpec, window_seconds: float, step_seconds: float | None = None
     ) -> list[Measurement]:
         """The last ``window_seconds``; ``step_seconds`` (default: the window) since the analysis step's first interval
-        began, for the rank test, which pools the step (kvcal.core.ranktest)."""
+        began, for the rank test, which pools the step (kvcal.core.analysis.ranktest)."""
         ...
 
     def kv_cache(self, spec: AnalysisSpec) -> KVCacheReadings:

@@ -13,8 +13,8 @@ import pytest
 
 from kvcal.adapters.prometheus import PrometheusSource
 from kvcal.compare.server import ServerConfig, VllmServer
-from kvcal.core.analysis import assess_run
-from kvcal.core.capacity import assess_capacity, capacity_status, with_capacity
+from kvcal.core.analysis.capacity import assess_capacity, capacity_status, with_capacity
+from kvcal.core.analysis.verdict import assess_run
 from kvcal.models.spec import AnalysisSpec, PrometheusRef
 from kvcal.models.status import AnalysisStatus
 from tests.support.prometheus import PrometheusServer, role_selector, role_target_labels, wait_until

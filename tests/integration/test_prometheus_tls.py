@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from kvcal.adapters.prometheus import PrometheusSource, connect, run_query
-from kvcal.core.analysis import assess_run
+from kvcal.core.analysis.verdict import assess_run
 from kvcal.core.policy import Policy, PrometheusAccess
 from kvcal.devenv.pki import CertificateAuthority
 from kvcal.models.spec import AnalysisSpec, PrometheusRef

@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from kvcal.core import promql
+from kvcal.core.analysis import promql
+from kvcal.core.analysis.promql import Role
 from kvcal.core.manifests.common import LABEL_CALIBRATION, LABEL_ROLE
 from kvcal.core.policy import Policy, PrometheusAccess
-from kvcal.core.promql import Role
 from tests.support.prereq import require
 
 SCRAPE_INTERVAL_SECONDS = 1
@@ -69,7 +69,7 @@ def role_target_labels(namespace: str, role: Role, pod: str | None = None) -> di
 
 
 def role_selector(namespace: str) -> promql.Selector:
-    """What the operator selects a test rollout's roles by (kvcal.core.promql.pod_label_selector)."""
+    """What the operator selects a test rollout's roles by (kvcal.core.analysis.promql.pod_label_selector)."""
     return promql.pod_label_selector(namespace, CALIBRATION, BASELINE_MATCH_LABELS)
 
 

@@ -16,10 +16,10 @@ from kubernetes import config
 
 from kvcal.adapters.kube import KubeClient
 from kvcal.adapters.router import GatewayApiRouter
-from kvcal.core.analysis import RequestCounts
-from kvcal.core.capacity import KVCacheConfig, KVCacheReadings
+from kvcal.core.analysis.capacity import KVCacheConfig, KVCacheReadings
+from kvcal.core.analysis.ranktest import assess_latency_check
+from kvcal.core.analysis.verdict import RequestCounts
 from kvcal.core.policy import Policy
-from kvcal.core.ranktest import assess_latency_check
 from kvcal.handlers.operator import OperatorOptions, run
 from kvcal.local import free_port
 from kvcal.metrics import OperatorMetrics

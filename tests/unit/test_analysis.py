@@ -5,8 +5,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from kvcal.core import promql
-from kvcal.core.analysis import (
+from kvcal.core.analysis import promql
+from kvcal.core.analysis.verdict import (
     Reading,
     RequestCounts,
     RequestGate,

@@ -1,4 +1,4 @@
-"""The KV capacity check (core/capacity.py) on vLLM's real cache_config_info labels, and in decide()."""
+"""The KV capacity check (core/analysis/capacity.py) on vLLM's real cache_config_info labels, and in decide()."""
 
 from dataclasses import replace
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvcal.core.capacity import (
+from kvcal.core.analysis.capacity import (
     KVCacheConfig,
     KVCacheReadings,
     assess_capacity,

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from kvcal.core.capacity import KVCacheConfig, KVCacheReadings, capacity_status
+from kvcal.core.analysis.capacity import KVCacheConfig, KVCacheReadings, capacity_status
 from kvcal.ctl import render_status
 from kvcal.metrics import OperatorMetrics
 

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from kvcal.adapters.probes import HttpProbes, completion_from_reply, load_suite
-from kvcal.core.quality import Completion, ProbeResult, agreement, assess_quality, score
+from kvcal.core.analysis.quality import Completion, ProbeResult, agreement, assess_quality, score
 from kvcal.models.spec import QualitySpec
 from kvcal.probes import SuiteError, at_served_context, builtin_suite, needle_length_for, suite_from_configmap
 from kvcal.probes.schema import Probe, Suite

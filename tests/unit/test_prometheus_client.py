@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from kvcal.adapters.prometheus import PrometheusSource, QueryError, Unreachable, connect, run_query
-from kvcal.core import promql
-from kvcal.core.analysis import assess_run
+from kvcal.core.analysis import promql
+from kvcal.core.analysis.verdict import assess_run
 from kvcal.core.policy import Policy, PrometheusAccess
 from kvcal.models.spec import AnalysisSpec, PrometheusRef
 from kvcal.models.status import AnalysisStatus

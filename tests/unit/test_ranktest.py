@@ -1,5 +1,5 @@
-"""The sequential rank test (kvcal.core.ranktest): the statistic against brute force, the error at its boundaries
-over all the looks of a step, power, ties, and empty intervals."""
+"""The sequential rank test (kvcal.core.analysis.ranktest): the statistic against brute force, the error at its
+boundaries over all the looks of a step, power, ties, and empty intervals."""
 
 import itertools
 import math
@@ -11,10 +11,9 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from kvcal.core.analysis import RequestCounts, assess_run
-from kvcal.core.histograms import Buckets, cdf_at, cumulative_counts, grouped_mann_whitney, moved_baseline
-from kvcal.core.podspread import chi_square_quantile, normal_equivalent, pod_spread
-from kvcal.core.ranktest import (
+from kvcal.core.analysis.histograms import Buckets, cdf_at, cumulative_counts, grouped_mann_whitney, moved_baseline
+from kvcal.core.analysis.podspread import chi_square_quantile, normal_equivalent, pod_spread
+from kvcal.core.analysis.ranktest import (
     BEYOND_ALPHA,
     BOUNDARY_ALPHA,
     BOUNDARY_SHAPE,
@@ -26,7 +25,8 @@ from kvcal.core.ranktest import (
     rank_test,
     step_window_seconds,
 )
-from kvcal.core.sequential import decision_probability
+from kvcal.core.analysis.sequential import decision_probability
+from kvcal.core.analysis.verdict import RequestCounts, assess_run
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
 from kvcal.models.status import AnalysisStatus
 

@@ -1,9 +1,9 @@
-"""The optional saturation check (core/saturation.py): report values, gate only when the spec asks."""
+"""The optional saturation check (core/analysis/saturation.py): report values, gate only when the spec asks."""
 
 import pytest
 
-from kvcal.core import promql
-from kvcal.core.saturation import Load, assess_saturation
+from kvcal.core.analysis import promql
+from kvcal.core.analysis.saturation import Load, assess_saturation
 from kvcal.models.spec import AnalysisSpec, SaturationCheck
 
 AT = "2026-01-02T03:04:05Z"

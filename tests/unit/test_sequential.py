@@ -1,5 +1,5 @@
-"""Group-sequential boundaries (kvcal.core.sequential): the published Pocock and O'Brien-Fleming constants, and the
-error of the rank test's default design by simulation of the pooled statistic over the looks."""
+"""Group-sequential boundaries (kvcal.core.analysis.sequential): the published Pocock and O'Brien-Fleming constants, and
+the error of the rank test's default design by simulation of the pooled statistic over the looks."""
 
 from collections.abc import Callable
 from statistics import NormalDist
@@ -7,7 +7,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from kvcal.core.sequential import MAX_EXACT_LOOKS, boundaries, decision_probability
+from kvcal.core.analysis.sequential import MAX_EXACT_LOOKS, boundaries, decision_probability
 
 # Jennison and Turnbull (2000), Tables 2.1 and 2.3: two-sided alpha 0.05 constants for K = 1..5 and 10 equally
 # spaced looks (Pocock: Z_k >= c at every look; O'Brien-Fleming: Z_k >= c sqrt(K / k)). One-sided 0.025 crosses

@@ -1,13 +1,13 @@
-"""core.share: the canary's observed share of requests against the weight kvcal set (issue 25, item 2)."""
+"""core.analysis.share: the canary's observed share of requests against the weight kvcal set (issue 25, item 2)."""
 
 import random
 from datetime import timedelta
 
 import pytest
 
-from kvcal.core.analysis import RequestCounts, assess_requests, interval_phase
+from kvcal.core.analysis.share import CONFIDENCE, MIN_REQUESTS, assess_share, wilson_interval, with_share
+from kvcal.core.analysis.verdict import RequestCounts, assess_requests, interval_phase
 from kvcal.core.decide import decide
-from kvcal.core.share import CONFIDENCE, MIN_REQUESTS, assess_share, wilson_interval, with_share
 from kvcal.core.timestamps import rfc3339
 from kvcal.models.spec import Router
 from kvcal.models.status import AnalysisStatus, CanaryStatus, Measurement, Phase

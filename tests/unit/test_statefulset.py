@@ -132,7 +132,7 @@ def test_a_rollback_deletes_the_canary_statefulset() -> None:
 
 def test_prometheus_selects_a_statefulsets_pods_by_its_selector_labels_not_by_pod_names() -> None:
     """StatefulSet pods are NAME-0: the analysis selects the baseline's series by the labels its controller selects
-    its pods by (kvcal.core.promql.pod_label_selector), read from the baseline workload."""
+    its pods by (kvcal.core.analysis.promql.pod_label_selector), read from the baseline workload."""
     from kvcal.adapters.prometheus import PrometheusSource
     from kvcal.handlers.backends import ClusterBackends
     from kvcal.ports import Target

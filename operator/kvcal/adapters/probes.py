@@ -1,5 +1,5 @@
 """Quality probes over vLLM's OpenAI-compatible HTTP API (httpx): the same prompts to baseline and canary,
-temperature 0, with logprobs; scored by ``kvcal.core.quality``. Implements ``kvcal.ports.Probes``.
+temperature 0, with logprobs; scored by ``kvcal.core.analysis.quality``. Implements ``kvcal.ports.Probes``.
 
 Each side's model id is read from its own ``/v1/models`` (the canary serves a different checkpoint path). A probe
 that both sides reject with HTTP 4xx (e.g. a needle longer than ``--max-model-len``) is skipped and named in the
@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 import httpx
 
-from kvcal.core.analysis import error_measurement
-from kvcal.core.quality import Completion, ProbeResult, assess_quality
+from kvcal.core.analysis.quality import Completion, ProbeResult, assess_quality
+from kvcal.core.analysis.verdict import error_measurement
 from kvcal.core.redact import redact
 from kvcal.core.timestamps import rfc3339
 from kvcal.models.spec import AnalysisSpec, QualitySpec

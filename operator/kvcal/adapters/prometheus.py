@@ -1,9 +1,9 @@
 """Metrics from Prometheus (its HTTP API over httpx): canary vs baseline over one window, assessed by the core.
 
-Implements ``kvcal.ports.MetricsSource``. Each query is rendered from ``kvcal.core.promql`` for each role; the canary's
-query is stored with its measurement (the baseline's differs only in its label matchers). The Prometheus queried is
-the one the cluster admin configured that the spec picks (``kvcal.core.policy.resolve_prometheus``), with its CA,
-client certificate and credentials; certificates are always verified. A Prometheus that cannot be used (no answer,
+Implements ``kvcal.ports.MetricsSource``. Each query is rendered from ``kvcal.core.analysis.promql`` for each role; the
+canary's query is stored with its measurement (the baseline's differs only in its label matchers). The Prometheus
+queried is the one the cluster admin configured that the spec picks (``kvcal.core.policy.resolve_prometheus``), with its
+CA, client certificate and credentials; certificates are always verified. A Prometheus that cannot be used (no answer,
 TLS refused, credentials refused) gives one Error measurement (it counts toward consecutiveErrorLimit); a query that
 fails gives an Error measurement for that metric; an empty or NaN result is Inconclusive (decided by the core).
 
@@ -22,8 +22,17 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from kvcal.core import promql
-from kvcal.core.analysis import (
+from kvcal.core.analysis import promql
+from kvcal.core.analysis.capacity import KVCacheConfig, KVCacheReadings, parse_cache_config
+from kvcal.core.analysis.ranktest import (
+    FEWEST_INTERVALS,
+    IntervalBuckets,
+    assess_latency_check,
+    has_pod_reference,
+    look_number,
+)
+from kvcal.core.analysis.saturation import Load, assess_saturation
+from kvcal.core.analysis.verdict import (
     Reading,
     RequestCounts,
     RequestGate,
@@ -35,17 +44,8 @@ from kvcal.core.analysis import (
     latency_metric_name,
     quantile_from_buckets,
 )
-from kvcal.core.capacity import KVCacheConfig, KVCacheReadings, parse_cache_config
 from kvcal.core.policy import Policy, PrometheusAccess, resolve_prometheus
-from kvcal.core.ranktest import (
-    FEWEST_INTERVALS,
-    IntervalBuckets,
-    assess_latency_check,
-    has_pod_reference,
-    look_number,
-)
 from kvcal.core.redact import redact
-from kvcal.core.saturation import Load, assess_saturation
 from kvcal.core.timestamps import rfc3339
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
 from kvcal.models.status import Measurement
@@ -248,7 +248,7 @@ Estimator = Literal["buckets", "histogram_quantile"]
 
 
 class PrometheusSource:
-    """Measures one KVCalibration's baseline and canary; ``selector`` ties series to roles (see core.promql).
+    """Measures one KVCalibration's baseline and canary; ``selector`` ties series to roles (see core.analysis.promql).
 
     ``estimator="buckets"`` (default) reads the per-bucket rates and estimates quantiles with
     ``quantile_from_buckets`` (unbiased ratios on vLLM's wide buckets); ``"histogram_quantile"`` asks Prometheus

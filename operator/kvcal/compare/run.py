@@ -15,7 +15,7 @@ from kvcal.compare.client import Generation, OpenAIClient
 from kvcal.compare.metrics import PromptScores, fraction, logprob_delta, percentile
 from kvcal.compare.server import ServerConfig, VllmServer
 from kvcal.compare.workload import HoldoutItem
-from kvcal.core.quality import score
+from kvcal.core.analysis.quality import score
 from kvcal.probes import Probe
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kvcal.core.capacity import KVCacheReadings
+from kvcal.core.analysis.capacity import KVCacheReadings
 from kvcal.core.manifests.common import Manifest, Owner
 from kvcal.core.policy import Policy
 from kvcal.models.status import KVCalibrationStatus, Measurement

@@ -22,8 +22,8 @@ class ClusterBackends:
 
     def metrics_source(self, target: Target) -> MetricsSource | None:
         from kvcal.adapters.prometheus import PrometheusSource
+        from kvcal.core.analysis.promql import pod_label_selector
         from kvcal.core.manifests.common import match_labels
-        from kvcal.core.promql import pod_label_selector
 
         baseline = target.spec.serving.baseline
         workload = self.kube.get(baseline.kind, target.namespace, baseline.deployment)

@@ -347,7 +347,7 @@ NOISE_FLOOR_SECONDS = 0.0005
 
 class LatencyCheck(SpecModel):
     metric: Literal["ttft", "itl", "e2e"]
-    # rank: a sequential Mann-Whitney test on the histograms since the step began (kvcal.core.ranktest);
+    # rank: a sequential Mann-Whitney test on the histograms since the step began (kvcal.core.analysis.ranktest);
     # quantile: this interval's canary quantile vs the baseline's x (1 + maxRegression).
     test: Literal["rank", "quantile"] = "rank"
     quantile: float = 0.95
@@ -393,7 +393,7 @@ class QualitySpec(SpecModel):
 
 class CapacityCheck(SpecModel):
     """FP8 KV must really be in effect: the canary's KV capacity in tokens (vLLM's vllm:cache_config_info) against
-    a BF16 baseline's (core/capacity.py)."""
+    a BF16 baseline's (core/analysis/capacity.py)."""
 
     enabled: bool = True
     # FP8 halves the bytes of each KV element, so a BF16 baseline's tokens x2 fit in the same space; protected
@@ -402,7 +402,7 @@ class CapacityCheck(SpecModel):
 
 
 class SaturationCheck(SpecModel):
-    """Requests waiting and preemptions of canary vs baseline at the same offered load (core/saturation.py)."""
+    """Requests waiting and preemptions of canary vs baseline at the same offered load (core/analysis/saturation.py)."""
 
     mode: Literal["disabled", "report", "gate"] = "disabled"
     max_regression: float = Field(default=0.10, ge=0, le=10)
@@ -418,7 +418,7 @@ class AnalysisSpec(SpecModel):
     warmup: str = Field(default="120s", min_length=2, max_length=16, pattern=DURATION_PATTERN)
     min_requests: int = Field(default=50, ge=0)
     successful_intervals: int = Field(default=5, ge=1, le=1000)
-    # Intervals tolerated, as in Argo Rollouts: one more rolls back (core/analysis.py).
+    # Intervals tolerated, as in Argo Rollouts: one more rolls back (core/analysis/verdict.py).
     failure_limit: int = Field(default=1, ge=0, le=1000)
     inconclusive_limit: int = Field(default=2, ge=0, le=1000)
     consecutive_error_limit: int = Field(default=3, ge=0, le=1000)

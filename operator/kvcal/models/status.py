@@ -176,7 +176,7 @@ class AnalysisStatus(Model):
 
 class KVCacheRole(Model):
     """The KV cache one role's vLLM reports (vllm:cache_config_info); where pods differ, the one the capacity check
-    judges (core/capacity.py)."""
+    judges (core/analysis/capacity.py)."""
 
     cache_dtype: str | None = None
     kv_tokens: int | None = None

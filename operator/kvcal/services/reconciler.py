@@ -24,8 +24,9 @@ from functools import cached_property
 
 from pydantic import ValidationError
 
-from kvcal.core.analysis import error_measurement
-from kvcal.core.capacity import KVCacheReadings
+from kvcal.core.analysis.capacity import KVCacheReadings
+from kvcal.core.analysis.ranktest import step_window_seconds
+from kvcal.core.analysis.verdict import error_measurement
 from kvcal.core.conditions import get_condition, set_condition
 from kvcal.core.decide import decide, measurement_due
 from kvcal.core.deletion import decide_deletion
@@ -51,7 +52,6 @@ from kvcal.core.observations import (
 from kvcal.core.phases import LIFECYCLE
 from kvcal.core.policy import Policy
 from kvcal.core.problems import NeedsFix
-from kvcal.core.ranktest import step_window_seconds
 from kvcal.core.rollout.reverts import is_reverted
 from kvcal.core.spechash import effective_spec_hash
 from kvcal.core.timestamps import parse_rfc3339, rfc3339
@@ -441,7 +441,7 @@ class Reconciler:
         return out
 
     def kv_cache(self, adapters: PassAdapters) -> KVCacheReadings | None:
-        """The KV cache each role reports (core.capacity); None without a metrics backend."""
+        """The KV cache each role reports (core.analysis.capacity); None without a metrics backend."""
         try:
             source = adapters.metrics_source
             if source is None:

@@ -4,8 +4,9 @@ then promoted into the baseline or rolled back. Pure like decide (no I/O, `now` 
 
 from datetime import datetime, timedelta
 
-from kvcal.core.analysis import assess_run
-from kvcal.core.capacity import capacity_status, with_capacity
+from kvcal.core.analysis.capacity import capacity_status, with_capacity
+from kvcal.core.analysis.share import with_share
+from kvcal.core.analysis.verdict import assess_run
 from kvcal.core.draft import Builder, blocked, fail, no_baseline
 from kvcal.core.manifests import (
     build_canary_service,
@@ -26,7 +27,6 @@ from kvcal.core.rollout.pool import (
     pool_selector_keys,
     uses_pools,
 )
-from kvcal.core.share import with_share
 from kvcal.core.timestamps import parse_rfc3339, rfc3339
 from kvcal.core.traffic import canary_behind_baseline_service, in_shadow_stage, mirror_refusal, plan_shadow, plan_step
 from kvcal.models.spec import AnalysisSpec, KVCalibrationSpec

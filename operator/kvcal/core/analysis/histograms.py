@@ -1,6 +1,6 @@
-"""Latency histograms as Prometheus returns their buckets, read for the rank test (kvcal.core.ranktest): cumulative
-counts, the CDF between bucket bounds, a baseline moved by a tolerance, the grouped Mann-Whitney statistic and its
-effect, and several pods' histograms pooled into one."""
+"""Latency histograms as Prometheus returns their buckets, read for the rank test (kvcal.core.analysis.ranktest):
+cumulative counts, the CDF between bucket bounds, a baseline moved by a tolerance, the grouped Mann-Whitney statistic
+and its effect, and several pods' histograms pooled into one."""
 
 import math
 from bisect import bisect_left

@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from kvcal.core.analysis import is_missing
+from kvcal.core.analysis.verdict import is_missing
 from kvcal.models.spec import QualitySpec
 from kvcal.models.status import Measurement
 from kvcal.probes.schema import Probe

@@ -4,7 +4,8 @@
   Empty, NaN or infinite values, and intervals with fewer than ``minRequests`` requests on either side, are
   Inconclusive — never Successful.
 - ``interval_phase`` folds one interval's measurements: Failed > Error > Inconclusive > Undecided > Successful
-  (Undecided: the sequential rank test, kvcal.core.ranktest, needs more data; it resets the success streak only).
+  (Undecided: the sequential rank test, kvcal.core.analysis.ranktest, needs more data; it resets the success streak
+  only).
 - ``assess_run`` updates the counters and decides:
   * Failed when ``failures`` exceeds ``failureLimit`` (total, not consecutive: flapping cannot hide a regression),
     when ``consecutiveErrors`` exceeds ``consecutiveErrorLimit`` (metrics unreadable), or when ``inconclusive``
@@ -114,7 +115,8 @@ def quantile_from_buckets(q: float, buckets: Sequence[tuple[float, float]]) -> f
 def query_window_seconds(spec: AnalysisSpec, status: AnalysisStatus, now: datetime, intervals: int = 3) -> float:
     """Query window for the measurement taken at ``now``: everything since the first measurement was due (the end
     of the warmup after ``status.startedAt``) plus that first interval, at least one interval and at most
-    ``intervals`` intervals: the rank test's window, pooling the step (kvcal.core.ranktest.step_window_seconds)."""
+    ``intervals`` intervals: the rank test's window, pooling the step
+    (kvcal.core.analysis.ranktest.step_window_seconds)."""
     interval = spec.interval_seconds
     if status.started_at is None:
         return interval

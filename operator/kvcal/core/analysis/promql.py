@@ -44,9 +44,10 @@ def vllm_series(name: str) -> str:
 
 TEMPLATES: dict[str, str] = {
     "latency": "histogram_quantile($quantile, sum by (le) (rate({${histogram},$selector}[$window])))",
-    # The same buckets, for kvcal's own quantile estimate (kvcal.core.analysis.quantile_from_buckets).
+    # The same buckets, for kvcal's own quantile estimate (kvcal.core.analysis.verdict.quantile_from_buckets).
     "latency_buckets": "sum by (le) (rate({${histogram},$selector}[$window]))",
-    # Requests per bucket over the window, for the rank test (kvcal.core.ranktest), which needs counts, not rates.
+    # Requests per bucket over the window, for the rank test (kvcal.core.analysis.ranktest), which needs counts, not
+    # rates.
     "latency_counts": "sum by (le) (increase({${histogram},$selector}[$window]))",
     # The same per pod (its scrape target: ``instance`` is always there, ``pod`` where the scrape config maps it):
     # the pods' own spread widens the rank test's variance.
@@ -73,11 +74,11 @@ TEMPLATES: dict[str, str] = {
     ),
     "preemptions": "sum(increase({" + vllm_series("num_preemptions_total") + ",$selector}[$window]))",
     "kv_cache_usage": "max(max_over_time({" + vllm_series("kv_cache_usage_perc") + ",$selector}[$window]))",
-    # Mean per pod over the window (core/saturation.py compares per pod: same offered load per pod).
+    # Mean per pod over the window (core/analysis/saturation.py compares per pod: same offered load per pod).
     "requests_running": "avg(avg_over_time({" + vllm_series("num_requests_running") + ",$selector}[$window]))",
     "requests_waiting": "avg(avg_over_time({" + vllm_series("num_requests_waiting") + ",$selector}[$window]))",
 }
-# One series per distinct KV cache configuration among a role's pods (core/capacity.py reads the labels).
+# One series per distinct KV cache configuration among a role's pods (core/analysis/capacity.py reads the labels).
 KV_CACHE_LABELS = (
     "cache_dtype",
     "kv_cache_size_tokens",

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from kvcal.core.histograms import on_bounds, rank_effect
+from kvcal.core.analysis.histograms import on_bounds, rank_effect
 
 # The confidence of the pods' spread's upper bound that sets the verdict's degrees of freedom (spread_z).
 SPREAD_BOUND = 0.90

@@ -1,9 +1,9 @@
 """Does the canary get the share of requests its router was told to give it? (issue 25, item 2's share check)
 
 Each interval the Prometheus adapter already counts both roles' requests from vLLM's own counters (the ``requests``
-measurement, core.promql's ``requests`` query). If every request went to the canary with probability w (the weight
-kvcal set), the canary's count out of n is binomial(n, w). A share outside its 99.9% Wilson score interval, with at
-least ``MIN_REQUESTS`` requests, is an Error measurement that says so: the router does not split traffic as set
+measurement, core.analysis.promql's ``requests`` query). If every request went to the canary with probability w (the
+weight kvcal set), the canary's count out of n is binomial(n, w). A share outside its 99.9% Wilson score interval, with
+at least ``MIN_REQUESTS`` requests, is an Error measurement that says so: the router does not split traffic as set
 (a Service that also selects the canary's pods, a gateway that ignores backendRef weights, an edit kvcal has not
 seen yet), so nothing this interval measured can be trusted as a comparison at that weight. Never a pass, never a
 Failed verdict on the canary itself.

@@ -10,7 +10,7 @@ pod. ``report`` records the values in status; ``gate`` also fails an interval wh
 
 from dataclasses import dataclass
 
-from kvcal.core.analysis import informational, is_missing
+from kvcal.core.analysis.verdict import informational, is_missing
 from kvcal.models.spec import SaturationCheck
 from kvcal.models.status import Measurement
 

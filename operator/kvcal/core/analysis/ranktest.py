@@ -17,7 +17,7 @@ a tolerance? (docs/concepts.md, "The latency test", has the design and its reaso
   own outcome (spec.analysis.onUndecided). The floor widens every tolerance but the one below rollbackAbove. A
   first bucket whose inside no histogram shows (nearly every request in it) gives a promotion no evidence.
 - Error over the looks of a step (at most 2 x successfulIntervals): the pooled statistic has nearly independent
-  increments, so the boundaries are group-sequential ones designed for the counters (kvcal.core.sequential): a
+  increments, so the boundaries are group-sequential ones designed for the counters (kvcal.core.analysis.sequential): a
   rollback needs failureLimit + 1 Failed looks, a promotion successfulIntervals Successful ones in a row, and each
   test errs with its alpha over all the looks. The boundaries rise with the look (Wang-Tsiatis shape
   BOUNDARY_SHAPE), spending more of alpha where an early rollback saves the most.
@@ -29,7 +29,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from kvcal.core.analysis import (
+from kvcal.core.analysis.histograms import Buckets, cumulative_counts, pool, rank_effect
+from kvcal.core.analysis.podspread import interval_spread, pod_spread, pod_weights, spread_z
+from kvcal.core.analysis.sequential import boundaries
+from kvcal.core.analysis.verdict import (
     Reading,
     RequestCounts,
     RequestGate,
@@ -39,9 +42,6 @@ from kvcal.core.analysis import (
     query_window_seconds,
     too_few_requests,
 )
-from kvcal.core.histograms import Buckets, cumulative_counts, pool, rank_effect
-from kvcal.core.podspread import interval_spread, pod_spread, pod_weights, spread_z
-from kvcal.core.sequential import boundaries
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
 from kvcal.models.status import AnalysisStatus, Measurement
 
