@@ -24,7 +24,7 @@ import yaml
 from kubernetes import client
 
 from kvcal.adapters.router import INFERENCE_POOL, canary_share
-from kvcal.core.endpoints import pod_ready
+from kvcal.core.manifests.endpoints import pod_ready
 from tests.support.cluster import Cluster, wait_for
 from tests.support.recorder import PollingRecorder
 from tests.support.world import (

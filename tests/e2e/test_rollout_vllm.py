@@ -31,7 +31,7 @@ import yaml
 
 from kvcal.adapters.kube import KubeClient
 from kvcal.cli import main as kvcal_cli
-from kvcal.core.endpoints import pod_ready
+from kvcal.core.manifests.endpoints import pod_ready
 from kvcal.handlers.backends import ClusterBackends
 from kvcal.ports import MetricsSource, Probes, Router, Target
 from tests.support.chart import install_chart, operator_policy, release_name, uninstall_chart

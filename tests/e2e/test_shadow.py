@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client
 
 from kvcal.adapters.router import canary_share, mirror_share
-from kvcal.core.traffic import MIRROR_FEATURE, PERCENTAGE_MIRROR_FEATURE
+from kvcal.core.manifests.traffic import MIRROR_FEATURE, PERCENTAGE_MIRROR_FEATURE
 from tests.support.cluster import Cluster, wait_for
 from tests.support.gateway_crds import GATEWAY_API, httproute_rules, install_gateway_api_crds
 from tests.support.world import (

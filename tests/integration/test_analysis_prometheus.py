@@ -13,7 +13,7 @@ from kvcal.adapters.prometheus import Estimator, PrometheusSource
 from kvcal.core.analysis import promql
 from kvcal.core.analysis.ranktest import NO_POD_REFERENCE
 from kvcal.core.analysis.verdict import AnalysisVerdict, assess_run
-from kvcal.core.policy import Policy, PrometheusAccess
+from kvcal.core.guard.policy import Policy, PrometheusAccess
 from kvcal.models.spec import AnalysisSpec, LatencyCheck, PrometheusRef
 from kvcal.models.status import AnalysisStatus, Measurement
 from tests.support.exporter import Profile, VllmExporter

@@ -17,7 +17,7 @@ import yaml
 
 from kvcal.adapters.prometheus import PrometheusSource, connect, run_query
 from kvcal.core.analysis.verdict import assess_run
-from kvcal.core.policy import Policy, PrometheusAccess
+from kvcal.core.guard.policy import Policy, PrometheusAccess
 from kvcal.devenv.pki import CertificateAuthority
 from kvcal.models.spec import AnalysisSpec, PrometheusRef
 from kvcal.models.status import AnalysisStatus

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from kvcal import vllm_flags
-from kvcal.core import vllm_allowlist
+from kvcal.core.guard import vllm_allowlist
 from kvcal.core.manifests import build_canary_workload
 from kvcal.core.manifests.jobs import checkpoint_location
 from tests.support.decide import OWNER, spec
@@ -139,7 +139,7 @@ def test_canary_of_an_odd_baseline_parses_to_the_calibrated_checkpoint_with_fp8(
     assert parsed.kv_cache_dtype_skip_layers == []  # kvcal owns it: only spec.serving.canary.protectedLayers
 
 
-# --- the allow-list (kvcal.core.vllm_allowlist) ---------------------------------------------------------------------
+# --- the allow-list (kvcal.core.guard.vllm_allowlist) -----------------------------------------------------------------
 
 
 def test_kvcals_table_of_vllm_arguments_is_this_parsers(serve_parser: Any) -> None:

@@ -10,7 +10,7 @@ from unittest.mock import patch
 
 import yaml
 
-from kvcal.core.policy import Policy
+from kvcal.core.guard.policy import Policy
 from tests.support.cluster import Cluster
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "kvcal"

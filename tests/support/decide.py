@@ -6,11 +6,11 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from kvcal.core.guard.policy import Policy
 from kvcal.core.manifests import Owner, calibration_job_name, canary_name, verification_job_name
 from kvcal.core.manifests.canary import PROMOTED_ANNOTATION, fp8_pod_spec, promotion_marker
 from kvcal.core.manifests.common import DEFAULT_CALIBRATOR_IMAGE
 from kvcal.core.observations import Create, Decision, Delete, DeploymentState, JobState, Observations, SetWeight
-from kvcal.core.policy import Policy
 from kvcal.core.spechash import spec_hash
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import (

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kvcal.core.policy import Policy
+from kvcal.core.guard.policy import Policy
 from kvcal.handlers.cli import policy_from_args
 from tests.support.prereq import require
 

@@ -24,8 +24,8 @@ import pytest
 
 from kvcal.core.analysis import promql
 from kvcal.core.analysis.promql import Role
+from kvcal.core.guard.policy import Policy, PrometheusAccess
 from kvcal.core.manifests.common import LABEL_CALIBRATION, LABEL_ROLE
-from kvcal.core.policy import Policy, PrometheusAccess
 from tests.support.prereq import require
 
 SCRAPE_INTERVAL_SECONDS = 1

@@ -19,7 +19,7 @@ from kvcal.adapters.router import GatewayApiRouter
 from kvcal.core.analysis.capacity import KVCacheConfig, KVCacheReadings
 from kvcal.core.analysis.ranktest import assess_latency_check
 from kvcal.core.analysis.verdict import RequestCounts
-from kvcal.core.policy import Policy
+from kvcal.core.guard.policy import Policy
 from kvcal.handlers.operator import OperatorOptions, run
 from kvcal.local import free_port
 from kvcal.metrics import OperatorMetrics

@@ -117,7 +117,7 @@ def test_application_example_points_at_the_chart() -> None:
 
 def test_failing_reconciles_and_unverified_serving_are_degraded() -> None:
     """Issue #10: problems show where users look, Argo CD included."""
-    from kvcal.core.conditions import set_condition
+    from kvcal.core.status.conditions import set_condition
     from kvcal.models.status import KVCalibrationStatus
     from tests.support.decide import NOW
 
@@ -138,7 +138,7 @@ def test_failing_reconciles_and_unverified_serving_are_degraded() -> None:
 
 def test_a_reverted_promotion_is_degraded() -> None:
     """Issue #11: Succeeded with Promoted=False (a sync or a person put BF16 back) is Degraded, not Healthy."""
-    from kvcal.core.conditions import set_condition
+    from kvcal.core.status.conditions import set_condition
     from kvcal.models.status import KVCalibrationStatus
     from tests.support.decide import NOW
 

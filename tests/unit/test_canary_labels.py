@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 
 from kvcal.core.decide import decide
-from kvcal.core.endpoints import probe_urls
 from kvcal.core.manifests import build_canary_service, build_canary_workload, canary_name
 from kvcal.core.manifests.canary import keep_existing_selector
+from kvcal.core.manifests.endpoints import probe_urls
+from kvcal.core.manifests.traffic import canary_behind_baseline_service
 from kvcal.core.observations import Apply, DeploymentState
-from kvcal.core.traffic import canary_behind_baseline_service
 from kvcal.models.spec import KVCalibrationSpec, Router
 from kvcal.models.status import CanaryStatus, KVCalibrationStatus, Phase
 from tests.support.decide import (

@@ -228,7 +228,8 @@ def operator_args(docs: list[dict[str, Any]]) -> list[str]:
 @pytest.mark.parametrize("scope", ["cluster", "namespace"])
 def test_inference_pool_grant_and_flag_only_when_the_admin_allows_it(scope: str) -> None:
     """Off by default: no InferencePool verb and no --allow-inference-pool, so the operator refuses the router
-    (core.policy). On: exactly the verbs the operator uses (get the baseline's pool, create and delete the canary's)."""
+    (core.guard.policy). On: exactly the verbs the operator uses (get the baseline's pool, create and delete the
+    canary's)."""
     closed = render({"rbac.scope": scope})
     assert not granted(rbac_rules(closed), "inference.networking.k8s.io", "inferencepools")
     assert "--allow-inference-pool" not in operator_args(closed)
@@ -321,7 +322,7 @@ def test_the_vllm_flag_allow_list_reaches_the_operator(tmp_path: Path) -> None:
     """policy.vllmFlags.allowed as the operator's own parser reads the Deployment: the default list, an admin's list,
     and [] (none allowed); a release whose values predate the key gets the operator's default, the same list."""
     from kvcal.cli import build_parser
-    from kvcal.core.vllm_allowlist import DEFAULT_ALLOWED
+    from kvcal.core.guard.vllm_allowlist import DEFAULT_ALLOWED
     from kvcal.handlers.cli import policy_from_args
 
     def allowed(docs: list[dict[str, Any]]) -> tuple[str, ...]:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvcal.core.policy import Policy
+from kvcal.core.guard.policy import Policy
 from tests.support.helm_template import CHART, KUBE_VERSION, helm, operator_policy, render, set_args
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kvcal.core.policy import DEFAULT_PROMETHEUS_ADDRESS, Policy, PrometheusAccess
+from kvcal.core.guard.policy import DEFAULT_PROMETHEUS_ADDRESS, Policy, PrometheusAccess
 from tests.support.helm_template import CHART, KUBE_VERSION, helm, one, operator_policy, render, set_args
 
 SECURED = {

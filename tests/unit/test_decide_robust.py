@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from kvcal.core.conditions import get_condition
 from kvcal.core.decide import decide
+from kvcal.core.guard.redact import redact
 from kvcal.core.observations import DeploymentState, Observations
 from kvcal.core.phases import LIFECYCLE
-from kvcal.core.redact import redact
 from kvcal.core.spechash import spec_hash
+from kvcal.core.status.conditions import get_condition
 from kvcal.metrics import OperatorMetrics
 from kvcal.models.status import (
     KVCalibrationStatus,

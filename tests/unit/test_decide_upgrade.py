@@ -6,14 +6,14 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from kvcal.core.conditions import get_condition
 from kvcal.core.decide import decide
-from kvcal.core.inuse import output_in_use
+from kvcal.core.guard.inuse import output_in_use
 from kvcal.core.manifests import build_promoted_baseline, calibration_job_name, verification_job_name
 from kvcal.core.manifests.canary import fp8_pod_spec
 from kvcal.core.manifests.common import serving_verification_job_name
 from kvcal.core.observations import RECALIBRATE_ANNOTATION, Create, Delete, DeploymentState
 from kvcal.core.spechash import effective_spec_hash, legacy_spec_hash, spec_hash
+from kvcal.core.status.conditions import get_condition
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import (
     CalibrationStatus,

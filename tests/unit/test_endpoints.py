@@ -1,10 +1,11 @@
-"""core.endpoints: probes reach one ready pod per role by pod IP, never the canary through the baseline Service."""
+"""core.manifests.endpoints: probes reach one ready pod per role by pod IP, never the canary through the baseline
+Service."""
 
 from typing import Any
 
 import pytest
 
-from kvcal.core.endpoints import NoEndpoint, probe_urls
+from kvcal.core.manifests.endpoints import NoEndpoint, probe_urls
 
 SELECTOR = {"app": "llm"}
 

@@ -6,9 +6,9 @@ from datetime import timedelta
 import pytest
 
 from kvcal.core.decide import decide
-from kvcal.core.events import history_event_name
 from kvcal.core.observations import ABORT_ANNOTATION, PROMOTE_ANNOTATION
 from kvcal.core.spechash import spec_hash
+from kvcal.core.status.events import history_event_name
 from kvcal.models.status import CalibrationStatus, HistoryEntry, KVCalibrationStatus, Phase
 from kvcal.ports import Manifest
 from kvcal.services.reconciler import Reconciler

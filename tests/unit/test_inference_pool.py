@@ -12,6 +12,7 @@ import pytest
 from kvcal.adapters.router import INFERENCE_POOL, SERVICE, canary_share, weighted_rules
 from kvcal.core.decide import decide
 from kvcal.core.deletion import decide_deletion
+from kvcal.core.guard.policy import Policy
 from kvcal.core.manifests import build_canary_workload, canary_name
 from kvcal.core.manifests.pool import (
     build_canary_picker,
@@ -20,11 +21,10 @@ from kvcal.core.manifests.pool import (
     picker_deployment,
     picker_service_name,
 )
+from kvcal.core.manifests.traffic import plan_step
 from kvcal.core.observations import Delete, DeploymentState, PoolState, SetWeight
-from kvcal.core.policy import Policy
 from kvcal.core.problems import NeedsFix
 from kvcal.core.spechash import spec_hash
-from kvcal.core.traffic import plan_step
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import AnalysisStatus, CalibrationStatus, CanaryStatus, KVCalibrationStatus, Phase
 from tests.support.decide import (

@@ -2,8 +2,8 @@
 
 from datetime import timedelta
 
-from kvcal.core.conditions import set_condition
 from kvcal.core.decide import decide
+from kvcal.core.manifests.traffic import plan_step
 from kvcal.core.notifications import (
     MAX_DELIVERED,
     NOTIFY_WINDOW,
@@ -16,8 +16,8 @@ from kvcal.core.notifications import (
     transitions,
 )
 from kvcal.core.observations import ABORT_ANNOTATION
+from kvcal.core.status.conditions import set_condition
 from kvcal.core.timestamps import rfc3339
-from kvcal.core.traffic import plan_step
 from kvcal.models.status import (
     MAX_HISTORY,
     CanaryStatus,

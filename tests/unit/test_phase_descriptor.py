@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from kvcal.core.decide import decide
-from kvcal.core.draft import Builder
 from kvcal.core.observations import ABORT_ANNOTATION, PROMOTE_ANNOTATION
 from kvcal.core.phases import LIFECYCLE, IllegalTransition, Lifecycle, PhaseDescriptor
+from kvcal.core.status.builder import Builder
 from kvcal.ctl import render_status
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import KVCalibrationStatus, Phase

@@ -1,4 +1,4 @@
-"""core.policy.check: the operator's security policy on a spec (issue #10 item 1), and decide() refusing it."""
+"""core.guard.policy.check: the operator's security policy on a spec (issue #10 item 1), and decide() refusing it."""
 
 import re
 from pathlib import Path
@@ -8,8 +8,7 @@ import pytest
 import yaml
 
 from kvcal.core.decide import decide
-from kvcal.core.manifests.common import DEFAULT_CALIBRATOR_IMAGE
-from kvcal.core.policy import (
+from kvcal.core.guard.policy import (
     HOST_PATH_ENABLED_VALUE,
     HOST_PATH_PREFIXES_VALUE,
     IMAGE_PREFIXES_VALUE,
@@ -18,6 +17,7 @@ from kvcal.core.policy import (
     host_path_allowed,
     image_allowed,
 )
+from kvcal.core.manifests.common import DEFAULT_CALIBRATOR_IMAGE
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import KVCalibrationStatus, Phase
 from tests.support.decide import NOW, observations, spec_with

@@ -1,4 +1,4 @@
-"""core.policy on spec.analysis.prometheus (issue #23): the operator queries only a Prometheus the cluster admin
+"""core.guard.policy on spec.analysis.prometheus (issue #23): the operator queries only a Prometheus the cluster admin
 configured, picked by name or by its exact address; any other URL is refused before anything is created."""
 
 from pathlib import Path
@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from kvcal.core.decide import decide
-from kvcal.core.policy import (
+from kvcal.core.guard.policy import (
     DEFAULT_PROMETHEUS_ADDRESS,
     PROMETHEUS_ADDITIONAL_VALUE,
     PROMETHEUS_DEFAULT_VALUE,

@@ -20,7 +20,7 @@ import pytest
 from kvcal.adapters.prometheus import PrometheusSource, QueryError, Unreachable, connect, run_query
 from kvcal.core.analysis import promql
 from kvcal.core.analysis.verdict import assess_run
-from kvcal.core.policy import Policy, PrometheusAccess
+from kvcal.core.guard.policy import Policy, PrometheusAccess
 from kvcal.models.spec import AnalysisSpec, PrometheusRef
 from kvcal.models.status import AnalysisStatus
 

@@ -5,9 +5,9 @@ the policy changed through the chart: tests/e2e/test_policy.py."""
 from typing import Any
 
 from kvcal.core.decide import decide
+from kvcal.core.guard.policy import VLLM_FLAGS_VALUE, Policy
 from kvcal.core.manifests import canary_name
 from kvcal.core.observations import PROMOTE_ANNOTATION, ApplyOwnedFields, Decision, Delete
-from kvcal.core.policy import VLLM_FLAGS_VALUE, Policy
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import KVCalibrationStatus, Phase
 from tests.support.decide import ANALYZING, NOW, POLICY, SPEC, baseline, canary, observations, spec, status

@@ -1,8 +1,8 @@
-"""core.redact: credentials out of anything written from an error (issue #23: compound key names, quoted values)."""
+"""core.guard.redact: credentials out of anything written from an error (compound key names, quoted values)."""
 
 import pytest
 
-from kvcal.core.redact import redact
+from kvcal.core.guard.redact import redact
 
 
 @pytest.mark.parametrize(

@@ -4,13 +4,13 @@ import copy
 from dataclasses import replace
 from typing import Any
 
-from kvcal.core.conditions import get_condition
 from kvcal.core.decide import decide
 from kvcal.core.manifests import calibration_job_name
 from kvcal.core.manifests.canary import PROMOTED_ANNOTATION
 from kvcal.core.observations import DeploymentState
 from kvcal.core.rollout.reverts import args_managers, is_reverted
 from kvcal.core.spechash import spec_hash
+from kvcal.core.status.conditions import get_condition
 from kvcal.models.status import CalibrationStatus, KVCalibrationStatus, Phase
 from tests.support.decide import NOW, OWNER, baseline, baseline_manifest, observations, spec
 

@@ -10,9 +10,9 @@ from kvcal.adapters.router import mirror_share, supported_features, weighted_rul
 from kvcal.core.decide import decide
 from kvcal.core.deletion import decide_deletion
 from kvcal.core.manifests import canary_name
+from kvcal.core.manifests.traffic import MIRROR_FEATURE, PERCENTAGE_MIRROR_FEATURE, mirror_refusal, plan_shadow
 from kvcal.core.observations import Apply, Decision, Delete, DeploymentState, SetWeight
 from kvcal.core.spechash import spec_hash
-from kvcal.core.traffic import MIRROR_FEATURE, PERCENTAGE_MIRROR_FEATURE, mirror_refusal, plan_shadow
 from kvcal.models.spec import ShadowSpec
 from kvcal.models.status import AnalysisStatus, CalibrationStatus, CanaryStatus, KVCalibrationStatus, Measurement, Phase
 from tests.support.decide import NOW, OWNER, baseline, baseline_service, observations, spec

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvcal.core.traffic import plan_shadow, plan_step
+from kvcal.core.manifests.traffic import plan_shadow, plan_step
 from kvcal.models.spec import ServingSpec, ShadowSpec, TrafficSpec
 
 

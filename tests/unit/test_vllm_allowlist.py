@@ -1,4 +1,4 @@
-"""kvcal.core.vllm_allowlist: spec.serving.canary.extraArgs passes only the flags the cluster admin allows
+"""kvcal.core.guard.vllm_allowlist: spec.serving.canary.extraArgs passes only the flags the cluster admin allows
 (policy.vllmFlags.allowed), in their canonical spellings, each value of the type vLLM declares.
 
 The table of vLLM's arguments is checked against vLLM 0.32's real parser in tests/integration/
@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from kvcal import vllm_flags
-from kvcal.core import vllm_allowlist
-from kvcal.core.policy import VLLM_FLAGS_VALUE, Policy, check
-from kvcal.core.vllm_allowlist import DEFAULT_ALLOWED, allowed_names, catalog, refusals, unallowable
+from kvcal.core.guard import vllm_allowlist
+from kvcal.core.guard.policy import VLLM_FLAGS_VALUE, Policy, check
+from kvcal.core.guard.vllm_allowlist import DEFAULT_ALLOWED, allowed_names, catalog, refusals, unallowable
 from kvcal.models.spec import KVCalibrationSpec
 from tests.support.decide import SPEC, spec
 from tests.support.vllm_args import HOSTILE

@@ -16,7 +16,7 @@ import httpx
 
 from kvcal.core.analysis.quality import Completion, ProbeResult, assess_quality
 from kvcal.core.analysis.verdict import error_measurement
-from kvcal.core.redact import redact
+from kvcal.core.guard.redact import redact
 from kvcal.core.timestamps import rfc3339
 from kvcal.models.spec import AnalysisSpec, QualitySpec
 from kvcal.models.status import Measurement

@@ -2,10 +2,10 @@
 
 Implements ``kvcal.ports.MetricsSource``. Each query is rendered from ``kvcal.core.analysis.promql`` for each role; the
 canary's query is stored with its measurement (the baseline's differs only in its label matchers). The Prometheus
-queried is the one the cluster admin configured that the spec picks (``kvcal.core.policy.resolve_prometheus``), with its
-CA, client certificate and credentials; certificates are always verified. A Prometheus that cannot be used (no answer,
-TLS refused, credentials refused) gives one Error measurement (it counts toward consecutiveErrorLimit); a query that
-fails gives an Error measurement for that metric; an empty or NaN result is Inconclusive (decided by the core).
+queried is the one the cluster admin configured that the spec picks (``kvcal.core.guard.policy.resolve_prometheus``),
+with its CA, client certificate and credentials; certificates are always verified. A Prometheus that cannot be used (no
+answer, TLS refused, credentials refused) gives one Error measurement (it counts toward consecutiveErrorLimit); a query
+that fails gives an Error measurement for that metric; an empty or NaN result is Inconclusive (decided by the core).
 
 No answer's body reaches a measurement: errors say the HTTP status and a fixed description; the body goes to the
 operator's log, redacted.
@@ -44,8 +44,8 @@ from kvcal.core.analysis.verdict import (
     latency_metric_name,
     quantile_from_buckets,
 )
-from kvcal.core.policy import Policy, PrometheusAccess, resolve_prometheus
-from kvcal.core.redact import redact
+from kvcal.core.guard.policy import Policy, PrometheusAccess, resolve_prometheus
+from kvcal.core.guard.redact import redact
 from kvcal.core.timestamps import rfc3339
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
 from kvcal.models.status import Measurement

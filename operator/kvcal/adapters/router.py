@@ -11,7 +11,7 @@
 - ``inference-pool``: the same router with InferencePool backendRefs (group inference.networking.k8s.io): the
   baseline's pool (``spec.serving.traffic.inferencePool``) and the canary's own (core.manifests.pool).
 - ``replicas`` and ``none``: nothing to write — the canary's share follows its replica count, which the operator
-  sets from ``kvcal.core.traffic.plan_step``.
+  sets from ``kvcal.core.manifests.traffic.plan_step``.
 """
 
 import copy

@@ -13,9 +13,11 @@ from typing import Literal
 
 from kvcal.core.artifact.provenance import calibrator_image, record_calibrator_image, with_calibrator_image
 from kvcal.core.artifact.record import verified_artifact
-from kvcal.core.draft import Builder, blocked, fail
 from kvcal.core.finished import recalibrate, spec_changed_when_done, start_over
+from kvcal.core.guard.policy import Violation, check
+from kvcal.core.guard.redact import redact
 from kvcal.core.manifests import BaselineError
+from kvcal.core.manifests.protected import with_report_layers
 from kvcal.core.observations import (
     ABORT_ANNOTATION,
     PROMOTE_ANNOTATION,
@@ -27,13 +29,11 @@ from kvcal.core.observations import (
     SetWeight,
 )
 from kvcal.core.phases import LIFECYCLE, Lifecycle
-from kvcal.core.policy import Violation, check
 from kvcal.core.problems import NeedsFix
-from kvcal.core.protected import with_report_layers
-from kvcal.core.redact import redact
 from kvcal.core.rollout.canary import remove_canary
 from kvcal.core.rollout.machine import next_measurement_at
 from kvcal.core.spechash import effective_spec_hash
+from kvcal.core.status.builder import Builder, blocked, fail
 from kvcal.models.spec import AnalysisSpec, KVCalibrationSpec
 from kvcal.models.status import (
     AnalysisStatus,
@@ -87,9 +87,9 @@ def decide(
     current_hash = effective_spec_hash(spec, status.calibration.spec_hash, obs.policy.calibrator_image)
     if draft.phase == Phase.INVALID_SPEC:
         draft.move(Phase.PENDING, "SpecFixed", "the spec is valid again")
-    if _on_spec_change(draft, spec, current_hash):
+    if _on_spec_change(draft, spec, current_hash, lifecycle):
         return draft.finish()  # draining the canary before starting over
-    _on_gates(draft, spec)
+    _on_gates(draft, spec, lifecycle)
     if draft.phase != status.phase:
         # A spec change, an abort or a retry only moves the phase (and deletes what must go); the new phase's work
         # happens in the next pass, on observations gathered for that phase (deletions have landed by then).
@@ -130,12 +130,12 @@ def _refuse(draft: Builder, violations: list[Violation]) -> None:
         draft.move(Phase.ROLLING_BACK, reason, message)
 
 
-def _on_spec_change(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> bool:
+def _on_spec_change(draft: Builder, spec: KVCalibrationSpec, current_hash: str, lifecycle: Lifecycle) -> bool:
     """A change of the calibration inputs starts over while the work is active; other spec changes apply to the
     next decision only. A terminal object never restarts by itself (core.finished). True while a canary that takes
     traffic is being drained first (0% read back, drainDelay), as a rollback does: nothing else happens meanwhile."""
     old = draft.status.calibration.spec_hash
-    descriptor = draft.lifecycle[draft.phase]
+    descriptor = lifecycle[draft.phase]
     if descriptor.terminal and old is not None:
         spec_changed_when_done(draft, old, current_hash)
         return False
@@ -151,11 +151,11 @@ def _on_spec_change(draft: Builder, spec: KVCalibrationSpec, current_hash: str) 
     return False
 
 
-def _on_gates(draft: Builder, spec: KVCalibrationSpec) -> None:
-    gates, lifecycle = draft.obs.gates, draft.lifecycle
+def _on_gates(draft: Builder, spec: KVCalibrationSpec, lifecycle: Lifecycle) -> None:
+    gates = draft.obs.gates
     if gates.get(RECALIBRATE_ANNOTATION):
         draft.clear(RECALIBRATE_ANNOTATION)
-        recalibrate(draft)
+        recalibrate(draft, lifecycle)
     if gates.get(ABORT_ANNOTATION):
         draft.clear(ABORT_ANNOTATION)
         if draft.phase in lifecycle.acts_on("abort"):
@@ -167,7 +167,7 @@ def _on_gates(draft: Builder, spec: KVCalibrationSpec) -> None:
             draft.event("Warning", "AbortIgnored", f"nothing to abort in phase {draft.phase}")
     if gates.get(RETRY_ANNOTATION):
         draft.clear(RETRY_ANNOTATION)
-        _retry(draft, spec)
+        _retry(draft, spec, lifecycle)
     if gates.get(PROMOTE_ANNOTATION) and draft.phase not in lifecycle.acts_on("promote"):
         draft.clear(PROMOTE_ANNOTATION)
         if draft.phase != Phase.PROMOTING:  # Promoting: the promotion's own annotation, seen again after a restart
@@ -176,9 +176,9 @@ def _on_gates(draft: Builder, spec: KVCalibrationSpec) -> None:
             )
 
 
-def _retry(draft: Builder, spec: KVCalibrationSpec) -> None:
+def _retry(draft: Builder, spec: KVCalibrationSpec, lifecycle: Lifecycle) -> None:
     """`kvcal retry`: re-run the analysis when the scales were verified, else the whole pipeline."""
-    if draft.phase not in draft.lifecycle.acts_on("retry"):
+    if draft.phase not in lifecycle.acts_on("retry"):
         draft.event("Warning", "RetryIgnored", f"nothing to retry in phase {draft.phase}")
         return
     if verified_artifact(draft.status, spec.calibration.output) is not None:

@@ -1,13 +1,13 @@
 """What deleting a KVCalibration does before its finalizer goes: the canary leaves traffic the way a rollback takes
-it out (core.drain: 0% asked, 0% read back, drainDelay, then delete), whatever phase the object was in."""
+it out (core.rollout.drain: 0% asked, 0% read back, drainDelay, then delete), whatever phase the object was in."""
 
 from dataclasses import replace
 from datetime import datetime
 
-from kvcal.core.draft import Builder
 from kvcal.core.observations import Decision, Observations
 from kvcal.core.phases import LIFECYCLE
 from kvcal.core.rollout.canary import remove_canary
+from kvcal.core.status.builder import Builder
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import KVCalibrationStatus
 

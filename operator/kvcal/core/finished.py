@@ -2,9 +2,10 @@
 SpecCurrent condition, and `kvcal recalibrate` (annotation kvcal.dev/recalibrate) starts over on demand; start_over is
 also what a change of the calibration inputs does to active work."""
 
-from kvcal.core.conditions import get_condition
-from kvcal.core.draft import Builder
+from kvcal.core.phases import Lifecycle
 from kvcal.core.rollout.canary import remove_children
+from kvcal.core.status.builder import Builder
+from kvcal.core.status.conditions import get_condition
 from kvcal.models.status import (
     AnalysisStatus,
     CalibrationStatus,
@@ -37,10 +38,10 @@ def spec_changed_when_done(draft: Builder, old: str, current_hash: str) -> None:
     draft.condition("SpecCurrent", "False", "SpecChanged", message)
 
 
-def recalibrate(draft: Builder) -> None:
+def recalibrate(draft: Builder, lifecycle: Lifecycle) -> None:
     """`kvcal recalibrate`: calibrate anew from the current spec; only a terminal object (an active one restarts on
     a spec change by itself, or is aborted first)."""
-    if draft.phase not in draft.lifecycle.names("terminal"):
+    if draft.phase not in lifecycle.names("terminal"):
         draft.event(
             "Warning", "RecalibrateIgnored", f"nothing to recalibrate in phase {draft.phase}: abort it or let it end"
         )

@@ -16,10 +16,10 @@ from typing import Any, Literal, get_args
 
 from pydantic import Field
 
-from kvcal.core.conditions import get_condition
+from kvcal.core.guard.redact import redact
 from kvcal.core.manifests.common import Owner
-from kvcal.core.redact import redact
 from kvcal.core.rollout.reverts import REVERTED
+from kvcal.core.status.conditions import get_condition
 from kvcal.core.timestamps import parse_rfc3339
 from kvcal.models.base import Model
 from kvcal.models.spec import DNS_LABEL_PATTERN
@@ -38,7 +38,7 @@ NOTIFY_EVENTS: tuple[NotifyEvent, ...] = get_args(NotifyEvent)
 # A transition older than this is history, not news: not sent after an operator upgrade that brings notifications,
 # nor to a target added later. It also bounds how long an operator may stay down without losing one.
 NOTIFY_WINDOW = timedelta(hours=24)
-MESSAGE_CHARS = 512  # status.history messages are capped at this too (core.draft)
+MESSAGE_CHARS = 512  # status.history messages are capped at this too (core.status.builder)
 PAYLOAD_VERSION = 1
 MAX_WEBHOOKS = 8  # chart values notifications.webhooks (values.schema.json says so too)
 # status.notifications.delivered: one id per target per transition still in status (the capped history, plus a revert).

@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kvcal.core.analysis.capacity import KVCacheReadings
+from kvcal.core.guard.policy import Policy
 from kvcal.core.manifests.common import Manifest, Owner
-from kvcal.core.policy import Policy
 from kvcal.models.status import KVCalibrationStatus, Measurement
 
 # Annotations a person (or `kvcal promote|abort|retry`) sets on the KVCalibration; any non-empty value counts.

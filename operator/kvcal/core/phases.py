@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from kvcal.core.artifact import machine as artifact
-from kvcal.core.draft import Builder
 from kvcal.core.rollout import machine as rollout
 from kvcal.core.rollout.watch import watch_promoted
+from kvcal.core.status.builder import Builder
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import Phase
 

@@ -8,7 +8,7 @@ import importlib
 import logging
 from typing import Any
 
-from kvcal.core.policy import Policy
+from kvcal.core.guard.policy import Policy
 from kvcal.ports import Kube, MetricsSource, Probes, Router, Target
 
 log = logging.getLogger(__name__)

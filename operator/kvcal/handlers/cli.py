@@ -11,10 +11,10 @@ from kubernetes import client
 from pydantic import ValidationError
 
 from kvcal.adapters.kubeconfig import connect
+from kvcal.core.guard.policy import DEFAULT_PROMETHEUS_ADDRESS, Policy, PrometheusAccess
+from kvcal.core.guard.vllm_allowlist import DEFAULT_ALLOWED
 from kvcal.core.manifests.common import DEFAULT_CALIBRATOR_IMAGE
 from kvcal.core.notifications import WebhookTarget
-from kvcal.core.policy import DEFAULT_PROMETHEUS_ADDRESS, Policy, PrometheusAccess
-from kvcal.core.vllm_allowlist import DEFAULT_ALLOWED
 
 if TYPE_CHECKING:
     from kvcal.adapters.kube import KubeClient

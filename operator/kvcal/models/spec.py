@@ -326,7 +326,7 @@ class ServingSpec(SpecModel):
 
 class PrometheusRef(SpecModel):
     # One of the Prometheus servers a cluster admin configured (chart values policy.prometheus.*), picked by name or by
-    # its exact address; neither: the chart's default. Any other pick is refused (core.policy): the author never
+    # its exact address; neither: the chart's default. Any other pick is refused (core.guard.policy): the author never
     # chooses what the operator fetches.
     name: str | None = Field(default=None, max_length=63, pattern=DNS_LABEL_PATTERN)
     address: str | None = Field(default=None, max_length=1024, pattern=PROMETHEUS_URL_PATTERN)

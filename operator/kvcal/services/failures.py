@@ -9,7 +9,7 @@ import json
 
 from kubernetes.client.exceptions import ApiException
 
-from kvcal.core.redact import redact
+from kvcal.core.guard.redact import redact
 
 MAX_MESSAGE = 512
 

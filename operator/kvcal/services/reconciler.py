@@ -27,13 +27,12 @@ from pydantic import ValidationError
 from kvcal.core.analysis.capacity import KVCacheReadings
 from kvcal.core.analysis.ranktest import step_window_seconds
 from kvcal.core.analysis.verdict import error_measurement
-from kvcal.core.conditions import get_condition, set_condition
 from kvcal.core.decide import decide, measurement_due
 from kvcal.core.deletion import decide_deletion
-from kvcal.core.endpoints import canary_pod_labels, pod_ready, probe_urls
-from kvcal.core.events import history_event, history_event_name
+from kvcal.core.guard.policy import Policy
 from kvcal.core.manifests import FIELD_MANAGER, Owner, calibration_job_name, canary_name, verification_job_name
 from kvcal.core.manifests.common import LABEL_CALIBRATION, LABEL_MANAGED_BY, MANAGED_BY, label_value, match_labels
+from kvcal.core.manifests.endpoints import canary_pod_labels, pod_ready, probe_urls
 from kvcal.core.manifests.pool import canary_picker_name, canary_pool_name, picker_service_name
 from kvcal.core.observations import (
     GATE_ANNOTATIONS,
@@ -50,10 +49,11 @@ from kvcal.core.observations import (
     SetWeight,
 )
 from kvcal.core.phases import LIFECYCLE
-from kvcal.core.policy import Policy
 from kvcal.core.problems import NeedsFix
 from kvcal.core.rollout.reverts import is_reverted
 from kvcal.core.spechash import effective_spec_hash
+from kvcal.core.status.conditions import get_condition, set_condition
+from kvcal.core.status.events import history_event, history_event_name
 from kvcal.core.timestamps import parse_rfc3339, rfc3339
 from kvcal.metrics import OperatorMetrics
 from kvcal.models.errors import describe
@@ -451,7 +451,8 @@ class Reconciler:
             return KVCacheReadings(error=f"{type(e).__name__}: {e}")
 
     def probe_urls(self, target: Target) -> tuple[str, str]:
-        """One ready pod of each role by pod IP (see core.endpoints: the baseline Service also reaches the canary)."""
+        """One ready pod of each role by pod IP (see core.manifests.endpoints: the baseline Service also reaches the
+        canary)."""
         ns, baseline = target.namespace, target.spec.serving.baseline
         workload = self.kube.get(baseline.kind, ns, baseline.deployment)
         selector = match_labels(workload)

@@ -17,7 +17,7 @@ most (BF16-equivalent) tokens: one canary pod without FP8 is enough to fail.
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvcal.core.redact import redact
+from kvcal.core.guard.redact import redact
 from kvcal.models.spec import CapacityCheck
 from kvcal.models.status import CapacityStatus, KVCacheRole, Measurement
 

@@ -25,7 +25,7 @@ from datetime import datetime
 from statistics import NormalDist
 from typing import Literal, NamedTuple
 
-from kvcal.core.redact import redact
+from kvcal.core.guard.redact import redact
 from kvcal.core.timestamps import parse_rfc3339, rfc3339
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
 from kvcal.models.status import MAX_MEASUREMENTS, AnalysisStatus, Measurement

@@ -4,10 +4,9 @@ and reads back the scales it loaded. Pure like decide (no I/O, `now` passed in).
 
 import json
 
+from kvcal.core.artifact.context import served_context
 from kvcal.core.artifact.verification import verification_result
-from kvcal.core.context import served_context
-from kvcal.core.draft import Builder, blocked, fail, no_baseline
-from kvcal.core.inuse import output_in_use
+from kvcal.core.guard.inuse import output_in_use
 from kvcal.core.manifests import (
     build_calibration_configmap,
     build_calibration_job,
@@ -17,6 +16,7 @@ from kvcal.core.manifests import (
 )
 from kvcal.core.manifests.canary import baseline_container_index
 from kvcal.core.observations import Create
+from kvcal.core.status.builder import Builder, blocked, fail, no_baseline
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import CALIBRATION_SUMMARY_FIELDS, CalibrationStatus, Phase, VerificationStatus
 

@@ -1,8 +1,8 @@
 """The calibrator image: resolved for the Job (the user's, else the operator's default), recorded as provenance,
 never hashed (core.spechash), so an operator upgrade that changes the default restarts nothing."""
 
-from kvcal.core.draft import Builder
 from kvcal.core.observations import Observations
+from kvcal.core.status.builder import Builder
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import Phase
 

@@ -11,7 +11,6 @@ count); under the other routers they leave out the baseline Service's selector k
 import copy
 
 from kvcal import vllm_flags
-from kvcal.core.endpoints import canary_pod_labels
 from kvcal.core.manifests.common import (
     LABEL_ROLE,
     Manifest,
@@ -22,10 +21,11 @@ from kvcal.core.manifests.common import (
     service_in_front_of,
     volumes_and_mounts,
 )
+from kvcal.core.manifests.endpoints import canary_pod_labels
 from kvcal.core.manifests.jobs import checkpoint_location
+from kvcal.core.manifests.protected import skip_layer_args
+from kvcal.core.manifests.traffic import canary_behind_baseline_service
 from kvcal.core.manifests.workload import API_VERSION, canary_workload_fields
-from kvcal.core.protected import skip_layer_args
-from kvcal.core.traffic import canary_behind_baseline_service
 from kvcal.models.spec import KVCalibrationSpec, Router
 
 PROMOTED_ANNOTATION = "kvcal.dev/promoted-from"
@@ -136,8 +136,8 @@ def labels_kept_off_canary(
 ) -> frozenset[str]:
     """The baseline pod labels the canary's pods leave out: none under `replicas` (the baseline Service's selector
     must match them: traffic splits by pod count), else the baseline Service's selector keys, so that the Service
-    never sends the canary a request (core.traffic.canary_behind_baseline_service), and under `inference-pool` the
-    baseline InferencePool's matchLabels keys too (`baseline_pool_keys`), so that the baseline pool never picks a
+    never sends the canary a request (core.manifests.traffic.canary_behind_baseline_service), and under `inference-pool`
+    the baseline InferencePool's matchLabels keys too (`baseline_pool_keys`), so that the baseline pool never picks a
     canary pod. kvcal's own labels stay."""
     if canary_behind_baseline_service(router):
         return frozenset()

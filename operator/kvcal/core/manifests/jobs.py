@@ -18,7 +18,7 @@ from kvcal.core.manifests.common import (
     verification_job_name,
     volumes_and_mounts,
 )
-from kvcal.core.protected import skip_layer_args
+from kvcal.core.manifests.protected import skip_layer_args
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.vllm_flags import Flag, denotes
 

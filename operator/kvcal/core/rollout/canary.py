@@ -1,11 +1,11 @@
-"""Taking the canary out: route 100% to the baseline, read it back, drain, then delete (core.drain). Rollbacks,
+"""Taking the canary out: route 100% to the baseline, read it back, drain, then delete (core.rollout.drain). Rollbacks,
 promotions, spec changes and deletes all go through here, so traffic never points at a deleted Service."""
 
-from kvcal.core.draft import Builder
-from kvcal.core.drain import drain_step
 from kvcal.core.manifests import canary_name
 from kvcal.core.observations import Delete, SetWeight
+from kvcal.core.rollout.drain import drain_step
 from kvcal.core.rollout.pool import pool_deletes
+from kvcal.core.status.builder import Builder
 from kvcal.models.spec import KVCalibrationSpec
 
 
@@ -28,7 +28,8 @@ def remove_children(draft: Builder, *, include_jobs: bool) -> None:
 
 
 def remove_canary(draft: Builder, spec: KVCalibrationSpec) -> bool:
-    """Route 100% to the baseline, read it back, drain, then delete the canary (see core.drain); True once deleting."""
+    """Route 100% to the baseline, read it back, drain, then delete the canary (see core.rollout.drain); True once
+    deleting."""
     draft.do(SetWeight(0))  # and no mirror: a mirror naming a deleted Service breaks the route on some gateways
     obs, canary = draft.obs, draft.status.canary
     drain = drain_step(

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from kvcal.core.analysis.capacity import capacity_status, with_capacity
 from kvcal.core.analysis.share import with_share
 from kvcal.core.analysis.verdict import assess_run
-from kvcal.core.draft import Builder, blocked, fail, no_baseline
+from kvcal.core.guard.policy import extra_args_violations
 from kvcal.core.manifests import (
     build_canary_service,
     build_canary_workload,
@@ -16,9 +16,15 @@ from kvcal.core.manifests import (
     is_promoted,
 )
 from kvcal.core.manifests.canary import keep_existing_selector
+from kvcal.core.manifests.traffic import (
+    canary_behind_baseline_service,
+    in_shadow_stage,
+    mirror_refusal,
+    plan_shadow,
+    plan_step,
+)
 from kvcal.core.manifests.workload import SHORT_NAMES
 from kvcal.core.observations import PROMOTE_ANNOTATION, Apply, ApplyOwnedFields, Delete, SetWeight
-from kvcal.core.policy import extra_args_violations
 from kvcal.core.rollout.canary import remove_canary
 from kvcal.core.rollout.pool import (
     baseline_pool_state,
@@ -27,8 +33,8 @@ from kvcal.core.rollout.pool import (
     pool_selector_keys,
     uses_pools,
 )
+from kvcal.core.status.builder import Builder, blocked, fail, no_baseline
 from kvcal.core.timestamps import parse_rfc3339, rfc3339
-from kvcal.core.traffic import canary_behind_baseline_service, in_shadow_stage, mirror_refusal, plan_shadow, plan_step
 from kvcal.models.spec import AnalysisSpec, KVCalibrationSpec
 from kvcal.models.status import AnalysisStatus, Phase
 

@@ -8,7 +8,6 @@ them again. Taking the canary out (core.rollout.canary) deletes the pool and the
 reads back 0% on the canary pool. Pure like decide.
 """
 
-from kvcal.core.draft import Builder
 from kvcal.core.manifests.common import Manifest, match_labels
 from kvcal.core.manifests.pool import (
     POOL_FIELD,
@@ -22,6 +21,7 @@ from kvcal.core.manifests.pool import (
 )
 from kvcal.core.observations import Create, Delete, PoolState
 from kvcal.core.problems import NeedsFix
+from kvcal.core.status.builder import Builder
 from kvcal.models.spec import KVCalibrationSpec
 
 POOL_POLL_SECONDS = 5.0  # pods, pools and pickers are not watched: look again this often while waiting on them

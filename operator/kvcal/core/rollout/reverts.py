@@ -12,8 +12,6 @@ import json
 
 from kvcal import vllm_flags
 from kvcal.core.artifact.record import checkpoint as recorded_checkpoint
-from kvcal.core.conditions import get_condition
-from kvcal.core.draft import Builder
 from kvcal.core.manifests import FIELD_MANAGER, BaselineError, Manifest
 from kvcal.core.manifests.canary import (
     PROMOTED_ANNOTATION,
@@ -23,6 +21,8 @@ from kvcal.core.manifests.canary import (
 )
 from kvcal.core.manifests.common import locate
 from kvcal.core.rollout.serving import WATCH_SECONDS
+from kvcal.core.status.builder import Builder
+from kvcal.core.status.conditions import get_condition
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import KVCalibrationStatus
 

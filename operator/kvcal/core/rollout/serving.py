@@ -9,11 +9,11 @@ The image and backend last verified are recorded in status.serving. Pure like de
 from kvcal import vllm_flags
 from kvcal.core.artifact.record import checkpoint
 from kvcal.core.artifact.verification import serving_verification_job, verification_result
-from kvcal.core.draft import Builder
 from kvcal.core.manifests import BaselineError, Manifest, is_promoted
 from kvcal.core.manifests.canary import baseline_container_index
 from kvcal.core.manifests.common import serving_verification_job_name
 from kvcal.core.observations import Create
+from kvcal.core.status.builder import Builder
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import ServingStatus, VerificationStatus
 

@@ -3,9 +3,9 @@ stands, a change of the baseline's vLLM image or attention backend re-runs the a
 the new runtime (core.rollout.serving asks core.artifact.verification for it). The rollout machine owns the watch
 because only it knows what was promoted where; the artifact machine owns what a verification is."""
 
-from kvcal.core.draft import Builder
 from kvcal.core.rollout.reverts import watch_promotion
 from kvcal.core.rollout.serving import watch_serving
+from kvcal.core.status.builder import Builder
 from kvcal.models.spec import KVCalibrationSpec
 
 

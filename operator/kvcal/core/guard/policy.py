@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from pydantic import Field, field_validator, model_validator
 
-from kvcal.core import vllm_allowlist
+from kvcal.core.guard import vllm_allowlist
+from kvcal.core.guard.redact import redact
 from kvcal.core.manifests.common import DEFAULT_CALIBRATOR_IMAGE, Location, clean_path, locate
-from kvcal.core.redact import redact
 from kvcal.models.base import Model
 from kvcal.models.spec import DNS_LABEL_PATTERN, PROMETHEUS_URL_PATTERN, KVCalibrationSpec, PrometheusRef
 
@@ -78,7 +78,7 @@ class Policy(Model):
     calibrator_image_prefixes: tuple[str, ...] = ()
     # Host folders a spec may mount; empty: hostpath:// is disabled.
     host_path_prefixes: tuple[str, ...] = ()
-    # vLLM flags spec.serving.canary.extraArgs may pass (canonical long names; core.vllm_allowlist).
+    # vLLM flags spec.serving.canary.extraArgs may pass (canonical long names; core.guard.vllm_allowlist).
     vllm_flags_allowed: tuple[str, ...] = vllm_allowlist.DEFAULT_ALLOWED
     # The Prometheus an analysis queries when its spec names none, and the others a spec may pick (by name or exact
     # address); no other URL is ever fetched.

@@ -1,25 +1,32 @@
 """The next status being computed in one pass, shared by both machines (core.artifact, core.rollout) and decide().
 
 A Builder accumulates the next status, the actions that make the world match it, the events that explain it and
-when to look again; every phase change goes through the lifecycle descriptor it carries (core.phases), so a move
-the descriptor does not allow is an exception, never a silently corrupted status. Pure: no I/O, `now` passed in.
+when to look again; every phase change goes through the phase rules it carries (the table in core.phases satisfies
+``PhaseRules``), so a move the table does not allow is an exception, never a silently corrupted status. Pure: no I/O,
+`now` passed in. The builder sees the table only through that Protocol: the machines import the builder, the table
+imports the machines, and nothing here imports either.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from kvcal.core.conditions import CONDITION_TYPES, get_condition, set_condition
-from kvcal.core.events import history_event
 from kvcal.core.observations import Action, Decision, Event, Observations
+from kvcal.core.status.conditions import CONDITION_TYPES, get_condition, set_condition
+from kvcal.core.status.events import history_event
 from kvcal.core.timestamps import rfc3339
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import MAX_HISTORY, ConditionType, HistoryEntry, KVCalibrationStatus, Phase
 
-if TYPE_CHECKING:
-    from kvcal.core.phases import Lifecycle
+
+class PhaseRules(Protocol):
+    """What the builder needs of the phase table: which moves are allowed, and how often a phase is looked at."""
+
+    def check_transition(self, source: str, target: str) -> None: ...
+
+    def poll_seconds(self, phase: str) -> float | None: ...
 
 
 @dataclass
@@ -30,7 +37,7 @@ class Builder:
     start: KVCalibrationStatus
     obs: Observations
     now: datetime
-    lifecycle: Lifecycle
+    lifecycle: PhaseRules
     status: KVCalibrationStatus = field(init=False)
     actions: list[Action] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
