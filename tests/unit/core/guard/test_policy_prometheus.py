@@ -21,7 +21,7 @@ from kvcal.models.spec import KVCalibrationSpec, PrometheusRef
 from kvcal.models.status import KVCalibrationStatus, Phase
 from tests.support.decide import NOW, observations, spec_with
 
-CHART_VALUES = yaml.safe_load((Path(__file__).resolve().parents[2] / "charts/kvcal/values.yaml").read_text())
+CHART_VALUES = yaml.safe_load((Path(__file__).resolve().parents[4] / "charts/kvcal/values.yaml").read_text())
 THANOS = PrometheusAccess(
     name="thanos", address="https://thanos-query.monitoring.svc:9090", ca_file="/etc/kvcal/prometheus/thanos/ca/ca.crt"
 )

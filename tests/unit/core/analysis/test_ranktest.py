@@ -243,7 +243,7 @@ def test_the_floor_widens_every_tolerance_but_the_healthy_one() -> None:
     """noiseFloorSeconds widens the rollback and promote tolerances and the one beyond maxRegression (a canary within
     it of the baseline is never confidently slower, and can be promoted), not the 0.5% test below rollbackAbove,
     which only guards healthy canaries: at a 0.2 s TTFT a 5 ms floor made "no slower" read as about +2.5% there
-    (tests/unit/test_ranktest_goal.py has what that cost)."""
+    (tests/unit/core/analysis/test_ranktest_goal.py has what that cost)."""
     rng = np.random.default_rng(3)
     baseline = [histogram(np.exp(rng.normal(0, 0.5, 900)) * 0.2) for _ in range(9)]
     canary = [histogram(np.exp(rng.normal(0, 0.5, 900)) * 0.2 * 1.15)]

@@ -16,7 +16,7 @@ from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import KVCalibrationStatus, Phase
 from tests.support.decide import NOW, observations, spec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SOAKING = "Soaking"  # not a CRD phase: it exists only in this test's copy of the descriptor
 SOAK_POLL_SECONDS = 42.0
 

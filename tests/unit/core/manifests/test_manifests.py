@@ -28,7 +28,7 @@ from kvcal.core.spechash import spec_hash
 from tests.support.decide import OWNER, baseline_manifest, baseline_service, spec, statefulset_manifest
 from tests.support.pool import POOL_SPEC, baseline_pool, picker, picker_service
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+GOLDEN = Path(__file__).resolve().parents[3] / "golden"
 SPEC = spec()
 H = spec_hash(SPEC)
 HOSTPATH_SPEC = spec(

@@ -22,8 +22,8 @@ from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import KVCalibrationStatus, Phase
 from tests.support.decide import NOW, observations, spec_with
 
-REPO = Path(__file__).resolve().parents[2]
-CHART_VALUES = yaml.safe_load((Path(__file__).resolve().parents[2] / "charts/kvcal/values.yaml").read_text())
+REPO = Path(__file__).resolve().parents[4]
+CHART_VALUES = yaml.safe_load((Path(__file__).resolve().parents[4] / "charts/kvcal/values.yaml").read_text())
 SECURE = Policy()  # the defaults: hostpath:// off, only the default calibrator image
 
 

@@ -16,7 +16,7 @@ from kvcal.verify.static import LayerScales, ModelShape, StaticResult
 from kvcal.verify.tensors import encode
 from tests.support.checkpoints import LAYERS, Raw, config, scales, write
 
-DATA = Path(__file__).parents[1] / "data" / "vllm-0.32-cpu"
+DATA = Path(__file__).parents[2] / "data" / "vllm-0.32-cpu"
 
 
 def with_q(raw: Raw, value: float = 0.04, skip: int | None = None) -> Raw:

@@ -21,7 +21,7 @@ from kvcal.models.spec import CapacityCheck
 from kvcal.models.status import AnalysisStatus, Phase
 from tests.support.decide import ANALYZING, NOW, canary, m, observations, spec
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "vllm-0.32-cpu"
+DATA = Path(__file__).resolve().parents[3] / "data" / "vllm-0.32-cpu"
 AT = "2026-01-02T03:04:05Z"
 
 

@@ -20,7 +20,7 @@ from kvcal.models.spec import KVCalibrationSpec
 from tests.support.decide import SPEC, spec
 from tests.support.vllm_args import HOSTILE
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 DEFAULT = allowed_names(DEFAULT_ALLOWED)
 
 

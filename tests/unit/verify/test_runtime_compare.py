@@ -8,7 +8,7 @@ from kvcal.verify.problems import TERMINATION_LIMIT, termination_summary
 from kvcal.verify.runtime import LoadedScale, compare
 from kvcal.verify.static import LayerScales, ModelShape, StaticResult
 
-DATA = Path(__file__).parents[1] / "data" / "vllm-0.32-cpu"
+DATA = Path(__file__).parents[2] / "data" / "vllm-0.32-cpu"
 
 
 def loaded(name: str) -> list[LoadedScale]:
