@@ -18,6 +18,7 @@ from pydantic import Field
 
 from kvcal.core.guard.redact import redact
 from kvcal.core.manifests.common import Owner
+from kvcal.core.phases import LIFECYCLE, NotifyEvent
 from kvcal.core.rollout.reverts import REVERTED
 from kvcal.core.status.conditions import get_condition
 from kvcal.core.timestamps import parse_rfc3339
@@ -25,15 +26,6 @@ from kvcal.models.base import Model
 from kvcal.models.spec import DNS_LABEL_PATTERN
 from kvcal.models.status import MAX_HISTORY, KVCalibrationStatus, NotificationsStatus, Phase
 
-NotifyEvent = Literal[
-    "AnalysisStarted",  # Deploying -> Analyzing at the first traffic step
-    "StepStarted",  # Deploying -> Analyzing at a later step (the canary's weight went up)
-    "AwaitingPromotion",
-    "Promoted",  # Succeeded
-    "RolledBack",  # with the cause: the reason of the RollingBack entry before it
-    "Failed",
-    "PromotionReverted",  # in Succeeded, the baseline no longer serves the checkpoint (core.rollout.reverts)
-]
 NOTIFY_EVENTS: tuple[NotifyEvent, ...] = get_args(NotifyEvent)
 # A transition older than this is history, not news: not sent after an operator upgrade that brings notifications,
 # nor to a target added later. It also bounds how long an operator may stay down without losing one.
@@ -43,11 +35,10 @@ PAYLOAD_VERSION = 1
 MAX_WEBHOOKS = 8  # chart values notifications.webhooks (values.schema.json says so too)
 # status.notifications.delivered: one id per target per transition still in status (the capped history, plus a revert).
 MAX_DELIVERED = (MAX_HISTORY + 1) * MAX_WEBHOOKS
+# Which phases notify is a fact of the phase table (its `notifies` column); Analyzing's becomes StepStarted past
+# the first step.
 _PHASE_EVENTS: dict[str, NotifyEvent] = {
-    Phase.AWAITING_PROMOTION: "AwaitingPromotion",
-    Phase.SUCCEEDED: "Promoted",
-    Phase.ROLLED_BACK: "RolledBack",
-    Phase.FAILED: "Failed",
+    name: descriptor.notifies for name, descriptor in LIFECYCLE.phases.items() if descriptor.notifies is not None
 }
 # core.rollout.machine's Deploying -> Analyzing message: "step 2/3: 1 canary pods ready, weight 50%".
 _STEP = re.compile(r"^step (\d+)/(\d+):")

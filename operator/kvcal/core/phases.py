@@ -2,8 +2,14 @@
 
 Each PhaseDescriptor says which machine owns the phase (core.artifact makes a verified checkpoint, core.rollout
 serves it), the handler that does its work, what the reconciler must read for it, how long to wait when nothing
-wakes the operator, which phases it may move to, and its flags. decide(), the reconciler, `kvcal status` and the
-command annotations read this table and nothing else: adding a phase is one entry here plus its handler.
+wakes the operator, which phases it may move to, its flags, and what it shows outside the operator (Warning events,
+Ready, Argo CD health, the stuck-phase alert, webhook notifications). decide(), the builder, the reconciler,
+`kvcal status`, the notifications and the command annotations read this table and nothing else.
+
+Adding a phase touches 3 files by hand: its row here, its handler in its machine (core/artifact/machine.py or
+core/rollout/machine.py), and its member of Phase (models/status.py). `python -m kvcal.generated` then rewrites the
+generated files that show it: argocd/health.lua, argocd/argocd-cm.yaml, charts/kvcal/templates/prometheusrule.yaml.
+tests/unit/core/test_phase_descriptor.py holds this paragraph to kvcal.generated's list and fails on a stale file.
 
 An illegal move raises IllegalTransition: a bug in unit tests; in the operator decide() turns it, like any other
 exception no handler foresaw, into a Blocked status (the traceback goes to the log).
@@ -35,6 +41,17 @@ Observed = Literal[
     "gateway_features",
     "inference_pool",
 ]
+NotifyEvent = Literal[
+    "AnalysisStarted",  # Deploying -> Analyzing at the first traffic step
+    "StepStarted",  # Deploying -> Analyzing at a later step (the canary's weight went up)
+    "AwaitingPromotion",
+    "Promoted",  # Succeeded
+    "RolledBack",  # with the cause: the reason of the RollingBack entry before it
+    "Failed",
+    "PromotionReverted",  # in Succeeded, the baseline no longer serves the checkpoint (core.rollout.reverts)
+]
+# Argo CD's health statuses a phase maps to (Degraded or Progressing may also come from conditions: health.lua).
+ArgoHealth = Literal["Progressing", "Suspended", "Healthy", "Degraded"]
 # The commands (annotations kvcal.dev/<command>) and the flag that says where the operator acts on each.
 COMMAND_FLAGS = {"promote": "promotable", "abort": "abortable", "retry": "retryable", "recalibrate": "terminal"}
 
@@ -56,6 +73,12 @@ class PhaseDescriptor:
     promotable: bool = False  # `kvcal promote` promotes
     terminal: bool = False  # finished: never restarts by itself; `kvcal recalibrate` starts over
     retryable: bool = False  # `kvcal retry` re-runs the analysis or the pipeline
+    # What the phase shows outside the operator; each is generated into its artifact or read from here (never a copy).
+    warning: bool = False  # its status.history entry is sent as a Warning Event (else Normal)
+    ready: bool = False  # the Ready condition is True here (unless the promotion was reverted)
+    health: ArgoHealth = "Progressing"  # Argo CD's health (argocd/health.lua's table is generated from this)
+    stuck_alert: bool = False  # the chart's KVCalibrationPhaseStuck alert fires when an object sits here too long
+    notifies: NotifyEvent | None = None  # the webhook notification of entering it (core.notifications)
 
 
 class IllegalTransition(ValueError):
@@ -139,17 +162,18 @@ LIFECYCLE = _declare(
         P.PENDING, "artifact", artifact.pending,
         # the baseline: never calibrate into what it serves
         _reads("calibration_job", "baseline"), 1.0, _to(P.CALIBRATING, P.INVALID_SPEC),
+        stuck_alert=True,
     ),
     PhaseDescriptor(
         P.CALIBRATING, "artifact", artifact.calibrating,
         # a vanished Job is re-created: same guard. Job events wake the operator, so it polls slowly.
         _reads("calibration_job", "baseline"), 60.0, _to(P.VERIFYING, P.FAILED, *_ABORTS),
-        active=True, abortable=True,
+        active=True, abortable=True, stuck_alert=True,
     ),
     PhaseDescriptor(
         P.VERIFYING, "artifact", artifact.verifying,
         _reads("verification_job", "baseline"), 30.0, _to(P.DEPLOYING, P.FAILED, *_ABORTS),
-        active=True, abortable=True,
+        active=True, abortable=True, stuck_alert=True,
     ),
     # --- the rollout machine: the verified checkpoint as a canary, then promoted (core.rollout) ---
     PhaseDescriptor(
@@ -158,45 +182,53 @@ LIFECYCLE = _declare(
         # gateway_features: can the Gateway mirror (the shadow stage), asked before the canary exists
         _reads("canary", "baseline", "baseline_service", "routed_weight", "gateway_features", "inference_pool"), 15.0,
         _to(P.ANALYZING, P.FAILED, *_ABORTS),
-        active=True, abortable=True, serving=True,
+        active=True, abortable=True, serving=True, stuck_alert=True,
     ),
     PhaseDescriptor(
         # Analyzing -> Deploying when a traffic step passed and the next step needs more canary replicas.
         P.ANALYZING, "rollout", rollout.analyzing,
         _reads("canary", "baseline", "baseline_service", "routed_weight", "inference_pool"), 5.0,
         _to(P.DEPLOYING, P.PROMOTING, P.AWAITING_PROMOTION, *_ABORTS),
-        active=True, abortable=True, serving=True,
+        active=True, abortable=True, serving=True, stuck_alert=True, notifies="AnalysisStarted",
     ),
     PhaseDescriptor(
         P.AWAITING_PROMOTION, "rollout", rollout.awaiting_promotion,
         _reads("canary", "baseline", "routed_weight", "inference_pool"), 300.0, _to(P.PROMOTING, *_ABORTS),
         active=True, abortable=True, serving=True, promotable=True,
+        # waiting for a person is not stuck
+        health="Suspended", notifies="AwaitingPromotion",
     ),
     PhaseDescriptor(
         # Once the baseline starts rolling there is no way back: promotion finishes (or fails), it never rolls back.
         # The baseline's watch events wake the operator too; the poll is the floor while it rolls out.
         P.PROMOTING, "rollout", rollout.promoting,
         _reads("canary", "baseline", "routed_weight", "inference_pool"), 5.0, _to(P.SUCCEEDED, P.FAILED),
+        stuck_alert=True,
     ),
     PhaseDescriptor(
         # Reached from any active phase of either machine: it stops running Jobs and drains the canary.
         P.ROLLING_BACK, "rollout", rollout.rolling_back,
         _reads("canary", "calibration_job", "verification_job", "routed_weight", "inference_pool"), 2.0,
         _to(P.ROLLED_BACK),
+        warning=True, stuck_alert=True,
     ),
     # Terminal phases never restart by themselves (a spec change only sets SpecCurrent=False): `kvcal recalibrate`
     # starts over; `kvcal retry` re-runs the analysis (RolledBack) or the whole pipeline (Failed).
     PhaseDescriptor(
         # Watches the promotion: reverts, and a new vLLM image or backend re-verifies (core.rollout.watch).
-        P.SUCCEEDED, "rollout", watch_promoted, _reads("baseline"), None, _to(P.PENDING), terminal=True,
+        P.SUCCEEDED, "rollout", watch_promoted, _reads("baseline"), None, _to(P.PENDING),
+        terminal=True, ready=True, health="Healthy", notifies="Promoted",
     ),
     PhaseDescriptor(
         P.ROLLED_BACK, "rollout", _terminal, _reads(), None, _to(P.DEPLOYING, P.PENDING),
-        terminal=True, retryable=True,
+        terminal=True, retryable=True, warning=True, health="Degraded", notifies="RolledBack",
     ),
     PhaseDescriptor(
-        P.FAILED, "shared", _terminal, _reads(), None, _to(P.PENDING, P.DEPLOYING), terminal=True, retryable=True,
+        P.FAILED, "shared", _terminal, _reads(), None, _to(P.PENDING, P.DEPLOYING),
+        terminal=True, retryable=True, warning=True, health="Degraded", notifies="Failed",
     ),
     # --- the spec itself: nothing runs until it is valid again ---
-    PhaseDescriptor(P.INVALID_SPEC, "shared", _terminal, _reads(), None, _to(P.PENDING)),
+    PhaseDescriptor(
+        P.INVALID_SPEC, "shared", _terminal, _reads(), None, _to(P.PENDING), warning=True, health="Degraded",
+    ),
 )  # fmt: skip

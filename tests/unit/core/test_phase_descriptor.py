@@ -1,16 +1,20 @@
-"""Issue #22: one descriptor declares every phase. A phase added to a copy of it, with no other edit, is entered,
+"""One descriptor declares every phase. A phase added to a copy of it, with no other edit, is entered,
 polled, aborted and left by decide(), read by the reconciler's table and shown by `kvcal status`."""
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from kvcal import generated
+from kvcal.core import phases as phases_module
 from kvcal.core.decide import decide
 from kvcal.core.observations import ABORT_ANNOTATION, PROMOTE_ANNOTATION
 from kvcal.core.phases import LIFECYCLE, IllegalTransition, Lifecycle, PhaseDescriptor
 from kvcal.core.status.builder import Builder
+from kvcal.core.status.events import WARNING_PHASES
 from kvcal.ctl import render_status
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import KVCalibrationStatus, Phase
@@ -127,6 +131,69 @@ def test_the_derived_tables() -> None:
         "Failed": "shared",
         "InvalidSpec": "shared",
     }
+
+
+def test_every_generated_artifact_is_current() -> None:
+    assert generated.stale() == [], "run: python -m kvcal.generated"
+    assert generated.main(["--check"]) == 0
+
+
+def test_the_phase_docstring_names_every_generated_artifact_and_the_files_a_phase_touches() -> None:
+    doc = " ".join((phases_module.__doc__ or "").split())
+    assert "that show it: " in doc, "phases.py no longer names the generated files"
+    sentence = doc.split("that show it: ", 1)[1].split(". ", 1)[0]
+    named = [path.strip() for path in sentence.split(",")]
+    assert named == [artifact.path for artifact in generated.ARTIFACTS]
+    by_hand = re.search(r"Adding a phase touches (\d+) files by hand: (.*?)\. ", doc)
+    assert by_hand is not None and int(by_hand.group(1)) == len(HAND_EDITED_FOR_A_PHASE)
+    assert all(path in by_hand.group(2) for path in HAND_EDITED_FOR_A_PHASE)
+
+
+# What a new phase needs by hand besides the generated files (the row, its handler, the enum member).
+HAND_EDITED_FOR_A_PHASE = ("row here", "core/rollout/machine.py", "models/status.py")
+
+
+def test_a_phase_added_to_the_table_reaches_every_generated_artifact() -> None:
+    """Generated from the table, not merely compared: a phase only the copy has shows up in each artifact, with its
+    health and in the stuck-phase alert, and the table's facts are what the hand-written files said before."""
+    soak = with_soak()
+    soaking = soak.with_phases(soak.edited(SOAKING, health="Suspended", stuck_alert=True))
+    rendered = {path: new for path, (_, new) in generated.render_all(lifecycle=soaking).items()}
+    assert f'{SOAKING} = "Suspended"' in rendered[generated.HEALTH_LUA]
+    assert f'{SOAKING} = "Suspended"' in rendered[generated.ARGOCD_CM]
+    assert (
+        f"|{SOAKING}" in generated.stuck_regex(soaking)
+        and generated.stuck_regex(soaking) in rendered[generated.PROMETHEUS_RULE]
+    )
+    assert generated.stale(lifecycle=soaking) == [artifact.path for artifact in generated.ARTIFACTS]
+    assert generated.stuck_regex(LIFECYCLE) == "Pending|Calibrating|Verifying|Deploying|Analyzing|Promoting|RollingBack"
+
+
+def test_the_phase_facts() -> None:
+    """Warning events, Ready, Argo CD health and notifications: one column each in the table."""
+    health = {name: descriptor.health for name, descriptor in LIFECYCLE.phases.items()}
+    assert {name for name, h in health.items() if h != "Progressing"} == {
+        "AwaitingPromotion", "Succeeded", "RolledBack", "Failed", "InvalidSpec",
+    }  # fmt: skip
+    assert LIFECYCLE.names("warning") == WARNING_PHASES == {"RollingBack", "RolledBack", "Failed", "InvalidSpec"}
+    assert LIFECYCLE.names("ready") == {"Succeeded"}
+    notifies = {name: d.notifies for name, d in LIFECYCLE.phases.items() if d.notifies is not None}
+    assert notifies == {
+        "Analyzing": "AnalysisStarted", "AwaitingPromotion": "AwaitingPromotion", "Succeeded": "Promoted",
+        "RolledBack": "RolledBack", "Failed": "Failed",
+    }  # fmt: skip
+
+
+def test_ready_is_read_from_the_table() -> None:
+    """A copy of the table whose Succeeded is not `ready` keeps Ready=False there: the builder reads the column."""
+    status = KVCalibrationStatus(phase=Phase.SUCCEEDED, observed_generation=1)
+    for lifecycle, ready in (
+        (LIFECYCLE, "True"),
+        (LIFECYCLE.with_phases(LIFECYCLE.edited(Phase.SUCCEEDED, ready=False)), "False"),
+    ):
+        decision = decide(spec(), status, observations(), NOW, lifecycle=lifecycle)
+        condition = next(c for c in decision.status.conditions if c.type == "Ready")
+        assert condition.status == ready
 
 
 def test_an_unforeseen_error_raises_in_tests_and_blocks_in_the_operator() -> None:

@@ -21,12 +21,24 @@ from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import MAX_HISTORY, ConditionType, HistoryEntry, KVCalibrationStatus, Phase
 
 
+class PhaseFacts(Protocol):
+    """What the builder reads of one phase's row."""
+
+    @property
+    def ready(self) -> bool: ...
+
+
 class PhaseRules(Protocol):
-    """What the builder needs of the phase table: which moves are allowed, and how often a phase is looked at."""
+    """What the builder needs of the phase table: which moves are allowed, how often a phase is looked at, and
+    each phase's row."""
+
+    def __getitem__(self, phase: str) -> PhaseFacts: ...
 
     def check_transition(self, source: str, target: str) -> None: ...
 
     def poll_seconds(self, phase: str) -> float | None: ...
+
+    def __contains__(self, phase: object) -> bool: ...
 
 
 @dataclass
@@ -96,7 +108,7 @@ class Builder:
     def finish(self) -> Decision:
         promoted = get_condition(self.status.conditions, "Promoted")
         reverted = promoted is not None and promoted.status == "False"  # in Succeeded: reverted (core.rollout)
-        ready = self.phase == Phase.SUCCEEDED and not reverted
+        ready = self.phase in self.lifecycle and self.lifecycle[self.phase].ready and not reverted
         self.condition("Ready", "True" if ready else "False", str(self.phase), self.status.message or "")
         requeue = self.requeue if self.requeue is not None else self.lifecycle.poll_seconds(self.phase)
         if self.phase != self.start.phase:
