@@ -30,8 +30,15 @@ APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply; JSON is YAML
 _TRANSIENT = frozenset({429, 500, 502, 503, 504})
 
 
-def retrying(call: Callable[[], T], *, attempts: int = 5, base_delay: float = 0.2) -> T:
-    """Run `call`, retrying transient API and connection errors with exponential backoff."""
+def retrying(
+    call: Callable[[], T],
+    *,
+    attempts: int = 5,
+    base_delay: float = 0.2,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """Run `call`, retrying transient API and connection errors with exponential backoff: `sleep(base_delay)`, then
+    twice that, ... between the attempts. `sleep` is a parameter so a test runs the schedule without waiting."""
     for attempt in range(attempts):
         try:
             return call()
@@ -43,7 +50,7 @@ def retrying(call: Callable[[], T], *, attempts: int = 5, base_delay: float = 0.
             if attempt == attempts - 1:
                 raise
             log.warning("connection error, retrying: %s", e)
-        time.sleep(base_delay * 2**attempt)  # backoff between retries of a failed call
+        sleep(base_delay * 2**attempt)  # backoff between retries of a failed call
     raise AssertionError("unreachable")
 
 
@@ -66,8 +73,18 @@ _RESOURCES: dict[str, tuple[str, str]] = {
 class KubeClient:
     """The operator's view of the API server (one instance per process, thread-safe like ApiClient)."""
 
-    def __init__(self, api_client: client.ApiClient) -> None:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         self.api = api_client
+        # Both run inside a reconcile pass (the backoff of a retried call, an Event's timestamps): injectable, so a
+        # test controls them instead of waiting or reading the wall clock.
+        self.sleep = sleep
+        self.clock = clock
 
     def request(
         self,
@@ -106,7 +123,7 @@ class KubeClient:
             parsed: Manifest = json.loads(data) if data else {}
             return parsed
 
-        return retrying(call)
+        return retrying(call, sleep=self.sleep)
 
     def _get(self, kind: str, namespace: str, name: str) -> Manifest | None:
         """GET; None when it does not exist."""
@@ -210,7 +227,7 @@ class KubeClient:
 
     def emit_event(self, involved: Manifest, type_: str, reason: str, message: str, name: str | None = None) -> bool:
         meta = involved["metadata"]
-        moment = datetime.now(UTC)
+        moment = self.clock()
         now = rfc3339(moment)
         body = {
             "apiVersion": "v1",

@@ -73,6 +73,7 @@ class Notifier:
         first_delay: float = FIRST_DELAY_SECONDS,
         max_delay: float = MAX_DELAY_SECONDS,
         read_file: Callable[[str], str] = read_secret_file,
+        monotonic: Callable[[], float] = time.monotonic,  # when attempts are due; `submit` reads it inside a pass
     ) -> None:
         self.targets = tuple(targets)
         self.poster = poster
@@ -80,6 +81,7 @@ class Notifier:
         self.first_delay = first_delay
         self.max_delay = max_delay
         self.read_file = read_file
+        self.monotonic = monotonic
         self._lock = threading.Condition()
         self._objects: dict[str, _Deliveries] = {}  # object uid ->
         self._queues: dict[str, list[_Attempt]] = {target.name: [] for target in self.targets}
@@ -112,7 +114,7 @@ class Notifier:
             for delivery in deliveries:
                 if delivery.id not in state.queued | state.delivered | state.abandoned:
                     state.queued.add(delivery.id)
-                    self._push(_Attempt(time.monotonic(), next(self._order), delivery))
+                    self._push(_Attempt(self.monotonic(), next(self._order), delivery))
             if not (ids or state.errors):
                 del self._objects[owner.uid]
 
@@ -149,7 +151,7 @@ class Notifier:
         queue = self._queues[target]
         with self._lock:
             while not self._stopping:
-                wait = queue[0].at - time.monotonic() if queue else None
+                wait = queue[0].at - self.monotonic() if queue else None
                 if wait is not None and wait <= 0:
                     attempt = heapq.heappop(queue)
                     state = self._objects.get(attempt.delivery.owner.uid)
@@ -184,7 +186,7 @@ class Notifier:
                 else:
                     state.errors[target.name] = error + "; retrying with backoff"
                     delay = backoff(attempt.number, self.first_delay, self.max_delay)
-                    self._push(_Attempt(time.monotonic() + delay, next(self._order), delivery, attempt.number + 1))
+                    self._push(_Attempt(self.monotonic() + delay, next(self._order), delivery, attempt.number + 1))
                 changed = error is None or state.errors.get(target.name) != before
             if changed:
                 self._tell(delivery.owner)
