@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from kvcal import vllm_flags
 from kvcal.models.spec import KVCalibrationSpec
-from kvcal.services.reconciler import parse_spec
+from kvcal.services.observe import parse_spec
 from tests.support.vllm_args import FREE_SPELLINGS, OWNED_SPELLINGS
 
 REPO = Path(__file__).resolve().parents[2]

@@ -31,7 +31,7 @@ from kvcal.models.status import (
     Phase,
     VerificationStatus,
 )
-from kvcal.services.reconciler import parse_spec
+from kvcal.services.observe import parse_spec
 from tests.support.decide import (
     ANALYZING,
     CALIB,

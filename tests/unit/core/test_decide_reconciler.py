@@ -10,7 +10,8 @@ from kvcal.metrics import OperatorMetrics
 from kvcal.models.spec import AnalysisSpec
 from kvcal.models.status import Measurement
 from kvcal.ports import Manifest, MetricsSource, Probes, Router, Target
-from kvcal.services.reconciler import PassAdapters, Reconciler
+from kvcal.services.observe import PassAdapters
+from kvcal.services.reconciler import Reconciler
 from tests.support.decide import NOW, POLICY, SPEC, baseline_manifest, baseline_service, spec
 from tests.support.fakekube import FakeKube, kvcal
 

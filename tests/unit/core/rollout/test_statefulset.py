@@ -14,7 +14,7 @@ from kvcal.core.observations import ABORT_ANNOTATION, Apply, ApplyOwnedFields, D
 from kvcal.core.spechash import spec_hash
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import Phase
-from kvcal.services.reconciler import workload_state
+from kvcal.services.observe import workload_state
 from tests.support.decide import (
     ANALYZING,
     NOW,
