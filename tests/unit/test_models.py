@@ -1,7 +1,9 @@
-"""The pydantic models (operator/kvcal/models) and the CRD schema (crds/) describe the same resource.
+"""The pydantic models (operator/kvcal/models) and the CRD generated from them (crds/) describe the same resource.
 
-Walks both: every model field is a CRD property and vice versa, with the same required-ness, type, enum and default
-(the CRD's default after the API server's structural defaulting, emulated here; the cluster test checks the real one).
+kvcal.models.crd writes the CRD from the models; these walks check its translation independently: every model field
+is a CRD property and vice versa, with the same required-ness, type, enum and default (the CRD's default after the
+API server's structural defaulting, emulated here, is the model's: a nested model's `{}` must fill in to its
+defaults; the cluster test checks the real defaulting).
 """
 
 import copy

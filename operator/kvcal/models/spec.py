@@ -1,15 +1,18 @@
-"""KVCalibration.spec. Defaults, bounds, patterns and CEL rules here are the CRD's (tests/unit/test_models*.py walk
-both; tests/integration/test_spec_parity.py sends a table of objects through the API server and the model)."""
+"""KVCalibration.spec, the source of the CRD's spec schema (kvcal.models.crd generates crds/ from it): types,
+descriptions, defaults and bounds are the fields'; each CEL rule sits beside the validator that is its Python twin
+(tests/integration/test_spec_parity.py sends a table of objects through the API server and the model)."""
 
 import re
 from itertools import pairwise
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, ValidatorFunctionWrapHandler, field_validator, model_validator
+from pydantic.config import JsonDict
 from pydantic_core import PydanticCustomError
 
 from kvcal import vllm_flags
 from kvcal.models.base import Model
+from kvcal.models.kube import cel, kube
 
 # The CRD's patterns (OpenAPI `pattern` and CEL `matches`), one constant each.
 DURATION_PATTERN = r"^([0-9]+h)?([0-9]+m)?([0-9]+s)?$"
@@ -63,6 +66,19 @@ def path_segments(location: str) -> list[str]:
     return [segment for segment in location.split("/") if segment not in ("", ".")]
 
 
+def no_dotdot_message(field: str) -> str:
+    return f"{field} must not contain '..' path segments; name the path directly"
+
+
+def storage_rules(pattern: str, message: str, field: str) -> JsonDict:
+    """The CEL twin of storage_location: the pattern as a rule (so the API server answers with `message`, not the
+    regex), then no `..` segment."""
+    return kube(
+        cel(f"self.matches('{pattern}')", message),
+        cel("!self.split('/').exists(s, s == '..')", no_dotdot_message(field)),
+    )
+
+
 def storage_location(value: Any, validate: ValidatorFunctionWrapHandler, pattern: str, message: str, field: str) -> str:
     """A storage URI field, checked in the CRD's order: `self.matches(PATTERN)` with its message (pydantic's own
     would quote the regex, not the fix), then the field's type and bounds (`validate`), then
@@ -71,7 +87,7 @@ def storage_location(value: Any, validate: ValidatorFunctionWrapHandler, pattern
         raise ValueError(message)
     location: str = validate(value)
     if ".." in location.split("/"):
-        raise ValueError(f"{field} must not contain '..' path segments; name the path directly")
+        raise ValueError(no_dotdot_message(field))
     return location
 
 
@@ -90,15 +106,18 @@ class SpecModel(Model):
 class ModelRef(SpecModel):
     source: str = Field(
         max_length=1024,
-        pattern=CHECKPOINT_PATTERN,
-        description="Where the BF16 checkpoint lives: pvc://CLAIM/PATH or hostpath:///ABS/PATH (no s3://)",
+        json_schema_extra=storage_rules(CHECKPOINT_PATTERN, MODEL_SOURCE_MESSAGE, "spec.model.source"),
+        description=(
+            "Where the BF16 checkpoint lives: pvc://CLAIM/PATH or hostpath:///ABS/PATH, mounted read-only into "
+            "the calibration Job. Object stores (s3://) are not supported: copy the checkpoint to a PVC."
+        ),
     )
     revision: str | None = Field(
         default=None,
         max_length=256,
         description=(
-            "Revision (commit sha or tag) of the checkpoint, recorded in the calibration report's provenance and in "
-            "status.calibration beside the weights' sha256"
+            "Revision (commit sha or tag) of the checkpoint, recorded in the calibration report's provenance and "
+            "in status.calibration beside the weights' sha256."
         ),
     )
 
@@ -111,10 +130,19 @@ class ModelRef(SpecModel):
 class Dataset(SpecModel):
     source: str = Field(
         max_length=1024,
-        pattern=DATASET_PATTERN,
-        description="configmap://NAME/KEY, pvc://CLAIM/PATH or hostpath:///ABS/PATH of a JSONL file",
+        json_schema_extra=storage_rules(DATASET_PATTERN, DATASET_SOURCE_MESSAGE, "spec.calibration.dataset.source"),
+        description=(
+            "The JSONL file: configmap://NAME/KEY, pvc://CLAIM/PATH or hostpath:///ABS/PATH. Object stores "
+            "(s3://) are not supported."
+        ),
     )
-    format: Literal["chat", "text"] = "chat"
+    format: Literal["chat", "text"] = Field(
+        default="chat",
+        description=(
+            'chat: lines are {"messages": [...]} rendered with the model\'s chat template; text: lines are '
+            '{"text": "..."} used as is.'
+        ),
+    )
 
     @field_validator("source", mode="wrap")
     @classmethod
@@ -124,46 +152,115 @@ class Dataset(SpecModel):
 
 
 class ResourceRequirements(SpecModel):
-    limits: dict[str, str] | None = None
-    requests: dict[str, str] | None = None
+    limits: dict[str, str] | None = Field(
+        default=None, description='Maximum resources, e.g. nvidia.com/gpu "1", memory "32Gi".'
+    )
+    requests: dict[str, str] | None = Field(
+        default=None, description='Requested resources, e.g. cpu "4", memory "32Gi".'
+    )
 
 
 class Toleration(SpecModel):
-    key: str | None = None
-    operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = None
+    key: str | None = Field(default=None, description="Taint key the toleration applies to.")
+    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal (default Equal).")
+    value: str | None = Field(default=None, description="Taint value matched with operator Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to match; empty matches all."
+    )
+    toleration_seconds: int | None = Field(default=None, description="How long a NoExecute taint is tolerated.")
 
 
 class JobSpec(SpecModel):
-    image: str | None = Field(default=None, max_length=512)
-    resources: ResourceRequirements | None = None
-    node_selector: dict[str, str] | None = None
-    tolerations: list[Toleration] | None = None
-    active_deadline_seconds: int = Field(default=3600, ge=1)
-    backoff_limit: int = Field(default=1, ge=0, le=10)
+    image: str | None = Field(
+        default=None,
+        max_length=512,
+        description="Calibrator image; default the operator's configured calibrator image.",
+    )
+    resources: ResourceRequirements | None = Field(
+        default=None, description='Container resources (limits/requests of quantity strings, e.g. "1", "16Gi").'
+    )
+    node_selector: dict[str, str] | None = Field(
+        default=None, description="Node labels the calibration pod must match."
+    )
+    tolerations: list[Toleration] | None = Field(
+        default=None, description="Tolerations of the calibration pod (core/v1 Toleration)."
+    )
+    active_deadline_seconds: int = Field(
+        default=3600, ge=1, description="The calibration Job fails after this many seconds."
+    )
+    backoff_limit: int = Field(
+        default=1, ge=0, le=10, description="Retries of the calibration pod before the Job fails."
+    )
+
+
+HOLDOUT_RANGE = "spec.calibration.holdoutFraction must be in (0, 0.5], e.g. 0.1"
 
 
 class CalibrationSpec(SpecModel):
-    dataset: Dataset
-    samples: int = Field(default=512, ge=1, le=65536)
-    max_seq_length: int = Field(default=4096, ge=16, le=1048576)
-    holdout_fraction: float = 0.1
-    seed: int = Field(default=0, ge=0)
-    strategy: Literal["tensor", "head"] = "tensor"
-    observer: Literal["static-minmax", "minmax", "mse"] = "static-minmax"
-    pipeline: Literal["auto", "basic", "sequential"] = "auto"
+    dataset: Dataset = Field(description="Calibration prompts, one JSON object per line (JSONL).")
+    samples: int = Field(
+        default=512, ge=1, le=65536, description="Number of calibration prompts (before the holdout split)."
+    )
+    max_seq_length: int = Field(
+        default=4096, ge=16, le=1048576, description="Prompts are truncated to this many tokens."
+    )
+    holdout_fraction: float = Field(
+        default=0.1,
+        json_schema_extra=kube(cel("self > 0.0 && self <= 0.5", HOLDOUT_RANGE)),
+        description=(
+            "Share of the prompts used that is held out to measure clipping and top-1 agreement, in (0, 0.5]: a "
+            "seeded split holds out this fraction of the dataset, and the report scores ceil(samples x f / (1 - "
+            "f)) of them (57 beside 512 samples at 0.1), so its cost follows the calibration, not the dataset's "
+            "size."
+        ),
+    )
+    seed: int = Field(default=0, ge=0, description="Seed of the shuffle that picks samples and the holdout split.")
+    strategy: Literal["tensor", "head"] = Field(
+        default="tensor",
+        description=(
+            "tensor: one k_scale/v_scale per layer (every vLLM backend); head: one per KV head (needs vLLM's "
+            "FLASH_ATTN backend, spec.serving.canary.attentionBackend)."
+        ),
+    )
+    observer: Literal["static-minmax", "minmax", "mse"] = Field(
+        default="static-minmax",
+        description=(
+            "llm-compressor observer. static-minmax tracks the true max|K|,|V| (recommended); minmax is a moving "
+            "average that undershoots and clips; mse searches a clipping range."
+        ),
+    )
+    pipeline: Literal["auto", "basic", "sequential"] = Field(
+        default="auto",
+        description=(
+            "llm-compressor pipeline, where its oneshot runs. auto (basic): kvcal's placement already spreads a "
+            "model over the pod's GPUs or onloads it layer by layer when it fits none; sequential runs every "
+            "sample through one layer before onloading the next."
+        ),
+    )
     # Also calibrate q_scale (llm-compressor's attention scheme): FP8 attention backends quantize Q with it.
-    query_scales: bool = False
-    output: str = Field(max_length=1024, pattern=CHECKPOINT_PATTERN)
-    job: JobSpec = JobSpec()
+    query_scales: bool = Field(
+        default=False,
+        description=(
+            "Also calibrate q_scale (llm-compressor's attention scheme). vLLM quantizes Q only on FP8 attention "
+            "backends (FlashAttention 3, FlashInfer); without q_scale it reuses k_scale."
+        ),
+    )
+    output: str = Field(
+        max_length=1024,
+        json_schema_extra=storage_rules(CHECKPOINT_PATTERN, OUTPUT_MESSAGE, "spec.calibration.output"),
+        description=(
+            "Where the calibrated checkpoint is written: pvc://CLAIM/PATH or hostpath:///ABS/PATH, a folder the "
+            "canary and the promoted baseline then mount. Must differ from spec.model.source. Object stores "
+            "(s3://) are not supported."
+        ),
+    )
+    job: JobSpec = Field(default=JobSpec(), description="The calibration Job's pod settings.")
 
     @field_validator("holdout_fraction")
     @classmethod
     def _holdout_range(cls, fraction: float) -> float:
         if not 0 < fraction <= 0.5:
-            raise ValueError("spec.calibration.holdoutFraction must be in (0, 0.5], e.g. 0.1")
+            raise ValueError(HOLDOUT_RANGE)
         return fraction
 
     @field_validator("output", mode="wrap")
@@ -179,11 +276,28 @@ WorkloadKind = Literal["Deployment", "StatefulSet"]
 class BaselineRef(SpecModel):
     # The name of the baseline workload, of `kind`; called `deployment` since Deployments came first, so every spec
     # written before `kind` existed keeps its meaning.
-    deployment: str = Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
-    kind: WorkloadKind = "Deployment"
-    service: str = Field(max_length=63, pattern=DNS_LABEL_PATTERN)
+    deployment: str = Field(
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description=(
+            "Name of the baseline vLLM workload in this namespace, of `kind` (named `deployment` for "
+            "compatibility: a spec without `kind` names a Deployment)."
+        ),
+    )
+    kind: WorkloadKind = Field(
+        default="Deployment",
+        description=(
+            "Kind of the baseline workload (apps/v1). The canary is a workload of the same kind with the "
+            "baseline's pod template, and promotion rolls the baseline by server-side apply."
+        ),
+    )
+    service: str = Field(
+        max_length=63,
+        pattern=DNS_LABEL_PATTERN,
+        description="Name of the Service in front of the baseline (the canary joins it).",
+    )
     container: str | None = Field(
-        default=None, max_length=63, description="Container running vLLM; default: the first one"
+        default=None, max_length=63, description="Container running vLLM; default the first one."
     )
 
     @property
@@ -195,9 +309,20 @@ class BaselineRef(SpecModel):
 class ProtectedLayers(SpecModel):
     """Attention layers whose KV cache stays in BF16 (vLLM's --kv-cache-dtype-skip-layers)."""
 
-    layers: list[Annotated[int, Field(ge=0, le=MAX_LAYER_INDEX)]] = Field(default=[], max_length=MAX_PROTECTED_LAYERS)
+    layers: list[Annotated[int, Field(ge=0, le=MAX_LAYER_INDEX)]] = Field(
+        default=[],
+        max_length=MAX_PROTECTED_LAYERS,
+        json_schema_extra=kube(list_type="set"),  # the API server's twin of _distinct
+        description="Layer indices (0-based), e.g. [0, 31].",
+    )
     # Also the calibration report's sensitive layers (status.calibration.sensitiveLayers).
-    from_report: bool = False
+    from_report: bool = Field(
+        default=False,
+        description=(
+            "Also protect the calibration report's sensitive layers (lowest held-out SQNR; "
+            "status.calibration.sensitiveLayers)."
+        ),
+    )
 
     @field_validator("layers")
     @classmethod
@@ -207,29 +332,57 @@ class ProtectedLayers(SpecModel):
         return layers
 
 
+# Admission's share of _no_owned_flags (vllm_flags builds both from its list of owned flags).
+EXTRA_ARG_RULES = [cel(rule["rule"], rule["message"]) for rule in vllm_flags.admission_item_rules()]
+EXTRA_ARGS_START_WITH_A_FLAG = (
+    "spec.serving.canary.extraArgs must start with a flag: a bare value there would become vLLM's positional model "
+    "argument"
+)
+
+
 class CanarySpec(SpecModel):
     replicas: int = Field(
         default=1,
         ge=1,
         le=100,
         description=(
-            "The fewest canary pods under router gateway-api, inference-pool or none (the step's share may ask for "
-            "more): several canary pods average out each pod's own noise, so the latency verdict decides sooner. "
-            "Refused above 1 with router replicas, where each step's weight sets the canary's pod count"
+            "The fewest canary pods under router gateway-api, inference-pool or none (the step's share may ask "
+            "for more): several canary pods average out each pod's own noise, so the latency verdict decides "
+            "sooner. Refused above 1 with router replicas, where each step's weight sets the canary's pod count."
         ),
     )
-    kv_cache_dtype: Literal["fp8", "fp8_e4m3"] = "fp8_e4m3"
+    kv_cache_dtype: Literal["fp8", "fp8_e4m3"] = Field(
+        default="fp8_e4m3", description="vLLM --kv-cache-dtype of the canary."
+    )
     attention_backend: str | None = Field(
         default=None,
         max_length=64,
         pattern=ATTENTION_BACKEND_PATTERN,
         description=(
             "vLLM attention backend, e.g. FLASH_ATTN, passed as --attention-backend (replacing any the baseline "
-            "sets) to the canary, the verification Job and the promoted baseline"
+            "sets) to the canary, the verification Job and the promoted baseline; required with "
+            "spec.calibration.strategy head."
         ),
     )
-    protected_layers: ProtectedLayers = ProtectedLayers()
-    extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(default=[], max_length=64)
+    protected_layers: ProtectedLayers = Field(
+        default=ProtectedLayers(),
+        description=(
+            "Attention layers whose KV cache stays in BF16 (vLLM --kv-cache-dtype-skip-layers) on the canary and "
+            "the promoted baseline; the verification Job checks vLLM keeps them in BF16."
+        ),
+    )
+    extra_args: list[Annotated[str, Field(max_length=1024, json_schema_extra=kube(*EXTRA_ARG_RULES))]] = Field(
+        default=[],
+        max_length=64,
+        json_schema_extra=kube(cel(vllm_flags.admission_list_rule(), EXTRA_ARGS_START_WITH_A_FLAG)),
+        description=(
+            "Extra vLLM arguments appended to the baseline's, on the canary and, promoted, on the baseline. Only "
+            "the flags the operator's chart value policy.vllmFlags.allowed allows (default: tuning flags, "
+            "docs/security.md), each value of the type vLLM declares; never the flags kvcal owns (model, "
+            "checkpoint, KV dtype and scales, skip layers, attention backend, served name, host, port), in any "
+            "spelling vLLM accepts."
+        ),
+    )
 
     @field_validator("extra_args")
     @classmethod
@@ -259,27 +412,118 @@ class ShadowSpec(SpecModel):
     (Gateway API RequestMirror; users only ever see the baseline's answers) for ``intervals`` passing analysis
     intervals."""
 
-    percent: int = Field(default=100, ge=1, le=100)
-    intervals: int = Field(default=3, ge=1, le=50)
+    percent: int = Field(
+        default=100, ge=1, le=100, description="Percent of the route's requests mirrored to the canary."
+    )
+    intervals: int = Field(
+        default=3,
+        ge=1,
+        le=50,
+        description="Passing analysis intervals on mirrored load before the first weighted step.",
+    )
+
+
+STEPS_ARE_PERCENTAGES = "spec.serving.traffic.steps must each be a percentage in (0, 100], e.g. [10, 50]"
+STEPS_INCREASE = "spec.serving.traffic.steps must be strictly increasing, e.g. [10, 50, 100]"
+POOL_FOR_INFERENCE_POOL = (
+    "spec.serving.traffic.inferencePool is required when router is inference-pool (name the baseline's "
+    "InferencePool), and only then"
+)
 
 
 class TrafficSpec(SpecModel):
-    router: Router = "replicas"
-    steps: list[int] = Field(default=[10, 50], min_length=1, max_length=10)
-    http_route: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    model_config = ConfigDict(
+        json_schema_extra=kube(
+            cel(
+                "has(self.httpRoute) || !has(self.router) || !(self.router in ['gateway-api', 'inference-pool'])",
+                "spec.serving.traffic.httpRoute is required when router is gateway-api or inference-pool: name the "
+                "HTTPRoute whose backend weights the operator sets",
+                field_path=".httpRoute",
+                reason="FieldValueRequired",
+            ),
+            cel(
+                "has(self.inferencePool) == (has(self.router) && self.router == 'inference-pool')",
+                POOL_FOR_INFERENCE_POOL,
+                field_path=".inferencePool",
+                reason="FieldValueInvalid",
+            ),
+            cel(
+                "!has(self.shadow) || (has(self.router) && self.router == 'gateway-api')",
+                SHADOW_NEEDS_GATEWAY,
+                field_path=".shadow",
+                reason="FieldValueForbidden",
+            ),
+        )
+    )
+
+    router: Router = Field(
+        default="replicas",
+        description=(
+            "replicas: canary pods join the baseline Service, weight = replica ratio; gateway-api: the operator "
+            "sets weights between the baseline and canary Services on spec.serving.traffic.httpRoute; "
+            "inference-pool: the canary gets its own InferencePool (and endpoint picker) and the operator sets "
+            "weights between the two pools on the HTTPRoute (allowed by the chart value rbac.inferencePool); "
+            "none: probes only, no user traffic."
+        ),
+    )
+    steps: list[int] = Field(
+        default=[10, 50],
+        min_length=1,
+        max_length=10,
+        json_schema_extra=kube(
+            cel("self.all(s, s > 0 && s <= 100)", STEPS_ARE_PERCENTAGES),
+            cel("self.isSorted() && self.all(s, self.exists_one(t, t == s))", STEPS_INCREASE),
+        ),
+        description=(
+            "Canary traffic percentages, strictly increasing, each in (0, 100]; each step is analysed before the next."
+        ),
+    )
+    http_route: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="Gateway API HTTPRoute in this namespace (routers gateway-api, inference-pool).",
+    )
     # router inference-pool: the baseline's InferencePool, a backendRef of the HTTPRoute (core.rollout.pool).
-    inference_pool: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    inference_pool: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description=(
+            "The baseline's InferencePool (inference.networking.k8s.io/v1) in this namespace, a backendRef of "
+            "spec.serving.traffic.httpRoute (router inference-pool): the canary's pool copies its target ports "
+            "and endpoint picker."
+        ),
+    )
     # After the router reports 0% on the canary, how long in-flight requests get before the canary is deleted.
-    drain_delay: str = Field(default="30s", min_length=2, max_length=16, pattern=DURATION_PATTERN)
-    shadow: ShadowSpec | None = None  # off by default
+    drain_delay: str = Field(
+        default="30s",
+        min_length=2,
+        max_length=16,
+        pattern=DURATION_PATTERN,
+        description=(
+            "On rollback, promotion and delete: once the router reports 0% on the canary, how long in-flight "
+            "requests get before the canary is deleted (routers gateway-api, inference-pool), e.g. 30s."
+        ),
+    )
+    shadow: ShadowSpec | None = Field(
+        default=None,
+        description=(
+            "Off by default. A first stage before any weight moves (router gateway-api): the HTTPRoute mirrors "
+            "percent of live requests to the canary (Gateway API RequestMirror; users only see the baseline's "
+            "answers) and the latency analysis runs on the mirrored load for intervals passing intervals. The "
+            "Gateway's class must list HTTPRouteRequestMirror (and, below 100%, HTTPRouteRequestPercentageMirror)"
+            " in status.supportedFeatures, else the run is Blocked before the canary exists."
+        ),
+    )
 
     @field_validator("steps")
     @classmethod
     def _percentages_increasing(cls, steps: list[int]) -> list[int]:
         if any(not 0 < step <= 100 for step in steps):
-            raise ValueError("spec.serving.traffic.steps must each be a percentage in (0, 100], e.g. [10, 50]")
+            raise ValueError(STEPS_ARE_PERCENTAGES)
         if any(later <= earlier for earlier, later in pairwise(steps)):
-            raise ValueError("spec.serving.traffic.steps must be strictly increasing, e.g. [10, 50, 100]")
+            raise ValueError(STEPS_INCREASE)
         return steps
 
     @model_validator(mode="after")
@@ -287,10 +531,7 @@ class TrafficSpec(SpecModel):
         if self.router in ROUTE_ROUTERS and self.http_route is None:
             raise ValueError(f"spec.serving.traffic.httpRoute is required when router is {self.router}")
         if (self.inference_pool is not None) != (self.router == "inference-pool"):
-            raise ValueError(
-                "spec.serving.traffic.inferencePool is required when router is inference-pool (name the baseline's "
-                "InferencePool), and only then"
-            )
+            raise ValueError(POOL_FOR_INFERENCE_POOL)
         if self.shadow is not None and self.router != "gateway-api":
             raise ValueError(SHADOW_NEEDS_GATEWAY)
         return self
@@ -313,9 +554,26 @@ CANARY_REPLICAS_WITH_REPLICAS_ROUTER = (
 
 
 class ServingSpec(SpecModel):
-    baseline: BaselineRef
-    canary: CanarySpec = CanarySpec()
-    traffic: TrafficSpec = TrafficSpec()
+    model_config = ConfigDict(
+        json_schema_extra=kube(
+            cel(
+                "!has(self.canary) || !has(self.canary.replicas) || self.canary.replicas <= 1 || "
+                "(has(self.traffic) && has(self.traffic.router) && self.traffic.router != 'replicas')",
+                CANARY_REPLICAS_WITH_REPLICAS_ROUTER,
+                field_path=".canary.replicas",
+            )
+        )
+    )
+
+    baseline: BaselineRef = Field(
+        description=(
+            "The existing vLLM workload (a Deployment or a StatefulSet) and Service that serve the BF16 model."
+        )
+    )
+    canary: CanarySpec = Field(
+        default=CanarySpec(), description="The canary Deployment running the calibrated checkpoint with FP8 KV cache."
+    )
+    traffic: TrafficSpec = Field(default=TrafficSpec(), description="How traffic moves to the canary, step by step.")
 
     @model_validator(mode="after")
     def _canary_replicas_by_weight(self) -> "ServingSpec":
@@ -328,8 +586,21 @@ class PrometheusRef(SpecModel):
     # One of the Prometheus servers a cluster admin configured (chart values policy.prometheus.*), picked by name or by
     # its exact address; neither: the chart's default. Any other pick is refused (core.guard.policy): the author never
     # chooses what the operator fetches.
-    name: str | None = Field(default=None, max_length=63, pattern=DNS_LABEL_PATTERN)
-    address: str | None = Field(default=None, max_length=1024, pattern=PROMETHEUS_URL_PATTERN)
+    name: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=DNS_LABEL_PATTERN,
+        description="Name of a Prometheus configured in the chart's values, e.g. default.",
+    )
+    address: str | None = Field(
+        default=None,
+        max_length=1024,
+        pattern=PROMETHEUS_URL_PATTERN,
+        description=(
+            "Exact address of a Prometheus configured in the chart's values (the operator then uses that entry's "
+            "TLS and credentials), e.g. http://prometheus.monitoring:9090."
+        ),
+    )
 
 
 # One message for the schema's CEL rule and the model.
@@ -345,19 +616,70 @@ ROLLBACK_ABOVE_MAX = (
 NOISE_FLOOR_SECONDS = 0.0005
 
 
+MAX_REGRESSION = 0.1
+QUANTILE_RANGE = "spec.analysis.latency[].quantile must be in (0, 1), e.g. 0.95"
+
+
 class LatencyCheck(SpecModel):
-    metric: Literal["ttft", "itl", "e2e"]
+    model_config = ConfigDict(
+        json_schema_extra=kube(
+            cel(
+                "!has(self.rollbackAbove) || self.rollbackAbove <= "
+                f"(has(self.maxRegression) ? self.maxRegression : {MAX_REGRESSION})",
+                ROLLBACK_ABOVE_MAX,
+                field_path=".rollbackAbove",
+            )
+        )
+    )
+
+    metric: Literal["ttft", "itl", "e2e"] = Field(
+        description="ttft time to first token, itl inter-token latency, e2e request latency."
+    )
     # rank: a sequential Mann-Whitney test on the histograms since the step began (kvcal.core.analysis.ranktest);
     # quantile: this interval's canary quantile vs the baseline's x (1 + maxRegression).
-    test: Literal["rank", "quantile"] = "rank"
-    quantile: float = 0.95
+    test: Literal["rank", "quantile"] = Field(
+        default="rank",
+        description=(
+            "rank: sequential Mann-Whitney test on each pod's histograms since the step began (rolls back above "
+            "rollbackAbove, promotes only when confidently within maxRegression); quantile: this interval's "
+            "canary quantile vs baseline x (1 + maxRegression)."
+        ),
+    )
+    quantile: float = Field(
+        default=0.95,
+        json_schema_extra=kube(cel("self > 0.0 && self < 1.0", QUANTILE_RANGE)),
+        description="Quantile compared (quantile test) or recorded for people (rank test), in (0, 1).",
+    )
     # The slowdown never to promote (rank: promoted only when confidently within it; quantile: the limit).
-    max_regression: float = Field(default=0.10, ge=0, le=10)
+    max_regression: float = Field(
+        default=MAX_REGRESSION,
+        ge=0,
+        le=10,
+        description=(
+            "The slowdown never to promote, e.g. 0.10 for +10%: the rank test promotes only a canary confidently "
+            "within it; the quantile test's highest canary/baseline - 1 that passes."
+        ),
+    )
     # rank only: the slowdown that rolls back, when the canary is confidently slower than it (default half of
     # maxRegression); between the two the test needs more data.
-    rollback_above: float | None = Field(default=None, ge=0, le=10)
+    rollback_above: float | None = Field(
+        default=None,
+        ge=0,
+        le=10,
+        description=(
+            "rank test only: the slowdown that rolls back, when the canary is confidently slower than baseline x "
+            "(1 + rollbackAbove); default maxRegression / 2. Between the two the test needs more data."
+        ),
+    )
     # Absolute noise floor: a canary within this many seconds of the baseline passes whatever the ratio.
-    noise_floor_seconds: float = Field(default=NOISE_FLOOR_SECONDS, ge=0)
+    noise_floor_seconds: float = Field(
+        default=NOISE_FLOOR_SECONDS,
+        ge=0,
+        description=(
+            "A canary within this many seconds of the baseline passes whatever the ratio. Keep it well below the "
+            "metric's own values: a 5 ms floor passes a 15% slower 12 ms ITL."
+        ),
+    )
 
     @model_validator(mode="after")
     def _rollback_within_max(self) -> "LatencyCheck":
@@ -374,15 +696,42 @@ class LatencyCheck(SpecModel):
     @classmethod
     def _quantile_range(cls, quantile: float) -> float:
         if not 0 < quantile < 1:
-            raise ValueError("spec.analysis.latency[].quantile must be in (0, 1), e.g. 0.95")
+            raise ValueError(QUANTILE_RANGE)
         return quantile
 
 
 class QualitySpec(SpecModel):
-    suite: Literal["builtin", "configmap"] = "builtin"
-    config_map: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
-    max_accuracy_drop: float = Field(default=0.01, ge=0, le=1)
-    min_token_agreement: float = Field(default=0.97, ge=0, le=1)
+    model_config = ConfigDict(
+        json_schema_extra=kube(
+            cel(
+                "has(self.configMap) || !has(self.suite) || self.suite != 'configmap'",
+                "spec.analysis.quality.configMap is required when suite is configmap: name the ConfigMap holding the "
+                "probe suite",
+                field_path=".configMap",
+                reason="FieldValueRequired",
+            )
+        )
+    )
+
+    suite: Literal["builtin", "configmap"] = Field(
+        default="builtin",
+        description="builtin probes shipped with kvcal, or configmap (spec.analysis.quality.configMap).",
+    )
+    config_map: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="ConfigMap in this namespace holding the probe suite (suite configmap).",
+    )
+    max_accuracy_drop: float = Field(
+        default=0.01, ge=0, le=1, description="Highest drop in probe accuracy, canary vs baseline, e.g. 0.01."
+    )
+    min_token_agreement: float = Field(
+        default=0.97,
+        ge=0,
+        le=1,
+        description="Lowest fraction of greedy tokens the canary must agree on with the baseline.",
+    )
 
     @model_validator(mode="after")
     def _configmap_for_suite(self) -> "QualitySpec":
@@ -395,17 +744,38 @@ class CapacityCheck(SpecModel):
     """FP8 KV must really be in effect: the canary's KV capacity in tokens (vLLM's vllm:cache_config_info) against
     a BF16 baseline's (core/analysis/capacity.py)."""
 
-    enabled: bool = True
+    enabled: bool = Field(
+        default=True, description="Check the KV capacity every interval (missing series are Inconclusive)."
+    )
     # FP8 halves the bytes of each KV element, so a BF16 baseline's tokens x2 fit in the same space; protected
     # layers (vLLM --kv-cache-dtype-skip-layers) lower that to 2L/(L+skipped).
-    min_ratio: float = Field(default=1.8, ge=1.0, le=2.0)
+    min_ratio: float = Field(
+        default=1.8,
+        ge=1,
+        le=2,
+        description=(
+            "Lowest canary KV tokens / BF16 baseline KV tokens, e.g. 1.8; lower it for layers kept in BF16 "
+            "(2L/(L+skipped) at most)."
+        ),
+    )
 
 
 class SaturationCheck(SpecModel):
     """Requests waiting and preemptions of canary vs baseline at the same offered load (core/analysis/saturation.py)."""
 
-    mode: Literal["disabled", "report", "gate"] = "disabled"
-    max_regression: float = Field(default=0.10, ge=0, le=10)
+    mode: Literal["disabled", "report", "gate"] = Field(
+        default="disabled", description="disabled, report (values in status), or gate (a canary that is worse fails)."
+    )
+    max_regression: float = Field(
+        default=0.10,
+        ge=0,
+        le=10,
+        description="Highest canary/baseline - 1 that passes the gate, above the noise floors.",
+    )
+
+
+INTERVAL_AT_LEAST_A_SECOND = "spec.analysis.interval must be at least 1s, e.g. 60s"
+LATENCY_REPEATED = "spec.analysis.latency must not repeat a (metric, quantile) pair"
 
 
 def _default_latency() -> list[LatencyCheck]:
@@ -413,29 +783,105 @@ def _default_latency() -> list[LatencyCheck]:
 
 
 class AnalysisSpec(SpecModel):
-    prometheus: PrometheusRef = PrometheusRef()
-    interval: str = Field(default="60s", min_length=2, max_length=16, pattern=DURATION_PATTERN)
-    warmup: str = Field(default="120s", min_length=2, max_length=16, pattern=DURATION_PATTERN)
-    min_requests: int = Field(default=50, ge=0)
-    successful_intervals: int = Field(default=5, ge=1, le=1000)
+    prometheus: PrometheusRef = Field(
+        default=PrometheusRef(),
+        description=(
+            "Prometheus that scrapes the baseline and canary vLLM pods: one the cluster admin configured (chart "
+            "values policy.prometheus.default and policy.prometheus.additional), picked by name or by its exact "
+            "address; neither picks the chart's default. Any other Prometheus is refused before anything is "
+            "created."
+        ),
+    )
+    interval: str = Field(
+        default="60s",
+        min_length=2,
+        max_length=16,
+        pattern=DURATION_PATTERN,
+        json_schema_extra=kube(cel("duration(self) >= duration('1s')", INTERVAL_AT_LEAST_A_SECOND)),
+        description="Time between measurements, e.g. 60s, 2m, 1h30m (at least 1s).",
+    )
+    warmup: str = Field(
+        default="120s",
+        min_length=2,
+        max_length=16,
+        pattern=DURATION_PATTERN,
+        description="Wait after the canary is ready before the first measurement, e.g. 120s, 2m.",
+    )
+    min_requests: int = Field(
+        default=50,
+        ge=0,
+        description="Requests the canary must serve in an interval for it to count (else Inconclusive).",
+    )
+    successful_intervals: int = Field(
+        default=5, ge=1, le=1000, description="Consecutive successful intervals needed to pass a step."
+    )
     # Intervals tolerated, as in Argo Rollouts: one more rolls back (core/analysis/verdict.py).
-    failure_limit: int = Field(default=1, ge=0, le=1000)
-    inconclusive_limit: int = Field(default=2, ge=0, le=1000)
-    consecutive_error_limit: int = Field(default=3, ge=0, le=1000)
-    max_error_rate: float = Field(default=0.01, ge=0, le=1)
+    failure_limit: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description=(
+            "Failed intervals tolerated; one more rolls back (1: the second failed interval rolls back; 0: the first)."
+        ),
+    )
+    inconclusive_limit: int = Field(
+        default=2,
+        ge=0,
+        le=1000,
+        description=(
+            "Inconclusive intervals (no data, too few requests) tolerated; one more rolls back (0: the first)."
+        ),
+    )
+    consecutive_error_limit: int = Field(
+        default=3,
+        ge=0,
+        le=1000,
+        description=("Consecutive errors querying Prometheus or probes tolerated; one more rolls back (0: the first)."),
+    )
+    max_error_rate: float = Field(
+        default=0.01, ge=0, le=1, description="Highest canary request error ratio in an interval, e.g. 0.01 for 1%."
+    )
     # A rank test that made its last look undecided: pause (wait in AwaitingPromotion for `kvcal promote` or
     # `kvcal abort`) or rollback (with reason AnalysisUndecided, never "slower").
-    on_undecided: Literal["pause", "rollback"] = "pause"
-    latency: list[LatencyCheck] = Field(default_factory=_default_latency, max_length=9)
-    quality: QualitySpec = QualitySpec()
-    capacity: CapacityCheck = CapacityCheck()
-    saturation: SaturationCheck = SaturationCheck()
+    on_undecided: Literal["pause", "rollback"] = Field(
+        default="pause",
+        description=(
+            "A rank test that made its last look (2 x successfulIntervals) without deciding: pause waits in "
+            "AwaitingPromotion for `kvcal promote` or `kvcal abort` (traffic stays at the step's weight); "
+            "rollback rolls back with reason AnalysisUndecided."
+        ),
+    )
+    latency: list[LatencyCheck] = Field(
+        default_factory=_default_latency,
+        max_length=9,
+        json_schema_extra=kube(
+            cel("self.all(c, self.exists_one(d, d.metric == c.metric && d.quantile == c.quantile))", LATENCY_REPEATED)
+        ),
+        description="Latency checks, canary vs baseline quantiles from vLLM's histograms.",
+    )
+    quality: QualitySpec = Field(
+        default=QualitySpec(),
+        description="Quality probes sent to baseline and canary (exact match, needle, token agreement).",
+    )
+    capacity: CapacityCheck = Field(
+        default=CapacityCheck(),
+        description=(
+            "FP8 must really be in effect: the canary's KV capacity in tokens (vllm:cache_config_info) against a "
+            "BF16 baseline's; an FP8 baseline counts as half its tokens in BF16."
+        ),
+    )
+    saturation: SaturationCheck = Field(
+        default=SaturationCheck(),
+        description=(
+            "Requests waiting per pod and preemptions per request, canary vs baseline at the same offered load."
+        ),
+    )
 
     @field_validator("interval")
     @classmethod
     def _at_least_a_second(cls, interval: str) -> str:
         if parse_duration(interval) < MIN_INTERVAL_SECONDS:
-            raise ValueError("spec.analysis.interval must be at least 1s, e.g. 60s")
+            raise ValueError(INTERVAL_AT_LEAST_A_SECOND)
         return interval
 
     @field_validator("latency")
@@ -443,7 +889,7 @@ class AnalysisSpec(SpecModel):
     def _distinct_checks(cls, checks: list[LatencyCheck]) -> list[LatencyCheck]:
         keys = [(check.metric, check.quantile) for check in checks]
         if len(set(keys)) != len(keys):
-            raise ValueError("spec.analysis.latency must not repeat a (metric, quantile) pair")
+            raise ValueError(LATENCY_REPEATED)
         return checks
 
     @property
@@ -456,15 +902,60 @@ class AnalysisSpec(SpecModel):
 
 
 class PromotionSpec(SpecModel):
-    mode: Literal["auto", "manual"] = "auto"
+    mode: Literal["auto", "manual"] = Field(
+        default="auto",
+        description=(
+            "auto promotes at once; manual waits in AwaitingPromotion for `kubectl kvcal promote` (or the "
+            "annotation kvcal.dev/promote)."
+        ),
+    )
 
 
 class KVCalibrationSpec(SpecModel):
-    model: ModelRef
-    calibration: CalibrationSpec
-    serving: ServingSpec
-    analysis: AnalysisSpec = AnalysisSpec()
-    promotion: PromotionSpec = PromotionSpec()
+    """What to calibrate, how, and how to roll it out. The operator never writes spec."""
+
+    model_config = ConfigDict(
+        json_schema_extra=kube(
+            cel(
+                "self.calibration.strategy != 'head' || (has(self.serving.canary) && "
+                "has(self.serving.canary.attentionBackend) && self.serving.canary.attentionBackend == 'FLASH_ATTN')",
+                "spec.calibration.strategy 'head' needs spec.serving.canary.attentionBackend: FLASH_ATTN (other vLLM "
+                "backends collapse per-head scales to one per layer); use strategy 'tensor' or set the backend",
+                field_path=".calibration.strategy",
+                reason="FieldValueInvalid",
+            ),
+            # Compared as path segments ('' and '.' dropped, as path_segments does), so pvc://m/llama/ and
+            # pvc://m//llama are the same folder as pvc://m/llama.
+            cel(
+                "!has(self.calibration.output) || "
+                "self.calibration.output.split('/').filter(s, s != '' && s != '.') != "
+                "self.model.source.split('/').filter(s, s != '' && s != '.')",
+                "spec.calibration.output must differ from spec.model.source: the calibrated checkpoint is written "
+                "beside the BF16 one, never over it",
+                field_path=".calibration.output",
+                reason="FieldValueInvalid",
+            ),
+        )
+    )
+
+    model: ModelRef = Field(description="The BF16 checkpoint the baseline serves, which gets calibrated.")
+    calibration: CalibrationSpec = Field(
+        description=(
+            "How to calibrate: the prompts, how many, the scale strategy and observer, where the calibrated "
+            "checkpoint goes, and the Job that runs llm-compressor."
+        )
+    )
+    serving: ServingSpec = Field(
+        description="The BF16 baseline being served, and how the calibrated canary is run and receives traffic."
+    )
+    analysis: AnalysisSpec = Field(
+        default=AnalysisSpec(),
+        description=(
+            "Canary analysis every interval: latency from Prometheus and quality probes sent to both baseline and"
+            " canary; counters decide pass or fail."
+        ),
+    )
+    promotion: PromotionSpec = Field(default=PromotionSpec(), description="What happens after the analysis passes.")
 
     @model_validator(mode="after")
     def _cross_field(self) -> "KVCalibrationSpec":

@@ -1,14 +1,24 @@
-"""KVCalibration.status: computed whole by the core, written once per reconcile."""
+"""KVCalibration.status: computed whole by the core, written once per reconcile. The source of the CRD's status
+schema (kvcal.models.crd): the bounds here are the API server's too."""
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from kvcal.models.base import Model
+from kvcal.models.kube import kube
 
 MAX_MEASUREMENTS = 48  # six intervals of the default checks (8 measurements each): enough to see why a run failed
 MAX_HISTORY = 20
+MAX_CONDITIONS = 16  # room beside the nine ConditionType values
+# Delivered notifications: one per transition still in history (and the one before) per webhook target, at most
+# MAX_WEBHOOKS (chart values notifications.webhooks); core.notifications trims to this.
+MAX_WEBHOOKS = 8
+MAX_DELIVERED = (MAX_HISTORY + 1) * MAX_WEBHOOKS
+# metav1.Condition's own bounds.
+MAX_REASON_LENGTH = 1024
+MAX_CONDITION_MESSAGE_LENGTH = 32768
 
 
 class Phase(StrEnum):
@@ -45,19 +55,21 @@ ConditionType = Literal[
 class Condition(Model):
     """metav1.Condition."""
 
-    type: ConditionType
-    status: Literal["True", "False", "Unknown"]
-    reason: str
-    message: str = ""
-    last_transition_time: str
-    observed_generation: int | None = None
+    type: ConditionType = Field(description="Condition type.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(max_length=MAX_REASON_LENGTH, description="CamelCase reason of the last transition.")
+    message: str = Field(default="", max_length=MAX_CONDITION_MESSAGE_LENGTH, description="Human-readable details.")
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(
+        default=None, description="The metadata.generation the condition was set for."
+    )
 
 
 class ClipStats(Model):
     """Share of K and V values clipped by FP8 scales (the calibrator's report and status.calibration)."""
 
-    k: float
-    v: float
+    k: float = Field(description="Clip rate of keys.")
+    v: float = Field(description="Clip rate of values.")
 
 
 # The calibration Job's termination-message summary (the contract between the calibrator and the operator): these keys
@@ -91,134 +103,262 @@ CALIBRATION_SUMMARY_FIELDS = frozenset(
 
 
 class CalibrationStatus(Model):
-    job: str | None = None
-    spec_hash: str | None = None
-    artifact: str | None = None
-    samples: int | None = None
-    tokens: int | None = None
-    strategy: str | None = None
-    observer: str | None = None
-    k_scale_max: float | None = None
-    v_scale_max: float | None = None
-    holdout_clip_rate_default: ClipStats | None = None
-    holdout_clip_rate_calibrated: ClipStats | None = None
-    top1_agreement_default: float | None = None
-    top1_agreement_calibrated: float | None = None
-    duration_seconds: float | None = None
-    longest_sample_tokens: int | None = None
-    served_context_tokens: int | None = None
-    context_warning: str | None = None  # the calibration stops far below the served context (calibrator's rule)
-    sensitive_layers: list[int] | None = None  # the report's, for spec.serving.canary.protectedLayers.fromReport
-    model_hash: str | None = None  # sha256 of the BF16 weights the Job read
-    model_revision: str | None = None  # spec.model.revision, as the Job was given it
-    device: str | None = None  # e.g. cuda:0, cuda:0,cuda:1, cpu
-    placement: str | None = None  # cpu | one-device | several-devices | layer-by-layer
-    dtype: str | None = None
-    peak_device_memory_bytes: int | None = None
-    tokens_per_second: float | None = None  # the calibration pass's rate
-    message: str | None = None
-    calibrator_image: str | None = None  # provenance: the image that computed the scales (spec's or the default)
+    job: str | None = Field(default=None, description="Name of the calibration Job.")
+    spec_hash: str | None = Field(default=None, description="Hash of the calibration spec the artifact was made from.")
+    artifact: str | None = Field(default=None, description="Where the calibrated checkpoint was written.")
+    samples: int | None = Field(default=None, description="Calibration prompts used.")
+    tokens: int | None = Field(default=None, description="Calibration tokens seen.")
+    strategy: str | None = Field(default=None, description="Scale strategy used.")
+    observer: str | None = Field(default=None, description="Observer used.")
+    k_scale_max: float | None = Field(default=None, description="Largest k_scale over layers (and heads).")
+    sensitive_layers: list[int] | None = Field(
+        default=None, description="Layers the calibration report names sensitive (protectedLayers.fromReport)."
+    )
+    model_hash: str | None = Field(
+        default=None, description="sha256 of the BF16 weights the calibration Job read (*.safetensors and config.json)."
+    )
+    model_revision: str | None = Field(
+        default=None, description="spec.model.revision as the calibration Job was given it."
+    )
+    device: str | None = Field(
+        default=None, description="The devices the calibration computed on, e.g. cuda:0, cuda:0,cuda:1 or cpu."
+    )
+    placement: str | None = Field(
+        default=None, description="cpu, one-device, several-devices or layer-by-layer (weights onloaded per layer)."
+    )
+    dtype: str | None = Field(default=None, description="The dtype the model computed in.")
+    peak_device_memory_bytes: int | None = Field(
+        default=None,
+        json_schema_extra=kube(format="int64"),
+        description="Largest peak memory allocated on any accelerator the calibration used.",
+    )
+    tokens_per_second: float | None = Field(
+        default=None, description="Calibration tokens per second of the calibration pass."
+    )
+    v_scale_max: float | None = Field(default=None, description="Largest v_scale over layers (and heads).")
+    holdout_clip_rate_default: ClipStats | None = Field(
+        default=None, description="Fraction of held-out K/V values that clip at scale 1.0 (no calibration)."
+    )
+    holdout_clip_rate_calibrated: ClipStats | None = Field(
+        default=None, description="Fraction of held-out K/V values that clip with the calibrated scales."
+    )
+    top1_agreement_default: float | None = Field(
+        default=None, description="Held-out top-1 agreement with BF16 of FP8 KV at scale 1.0."
+    )
+    top1_agreement_calibrated: float | None = Field(
+        default=None, description="Held-out top-1 agreement with BF16 of FP8 KV with the calibrated scales."
+    )
+    duration_seconds: float | None = Field(default=None, description="Calibration wall time.")
+    longest_sample_tokens: int | None = Field(
+        default=None, description="Longest calibration sample in tokens, as calibrated (after truncation)."
+    )
+    served_context_tokens: int | None = Field(
+        default=None,
+        description=(
+            "Longest context the service serves, the calibration's length coverage is judged against: the "
+            "baseline's --max-model-len, else the model's max_position_embeddings."
+        ),
+    )
+    context_warning: str | None = Field(
+        default=None,
+        description=(
+            "Set when the calibration stops under a quarter of the served context (also a Warning event "
+            "CalibrationContextShort)."
+        ),
+    )
+    message: str | None = Field(default=None, description="Details, e.g. why the Job failed.")
+    calibrator_image: str | None = Field(
+        default=None,
+        description=(
+            "Image that computed the scales (spec.calibration.job.image, else the operator's default); provenance"
+            " only, never part of specHash."
+        ),
+    )
 
 
 class VerificationStatus(Model):
-    job: str | None = None
-    layers: int | None = None
-    mismatches: int | None = None
-    message: str | None = None
+    job: str | None = Field(default=None, description="Name of the verification Job.")
+    layers: int | None = Field(default=None, description="Attention layers whose scales vLLM reported.")
+    mismatches: int | None = Field(default=None, description="Layers whose loaded scale differs from the checkpoint's.")
+    message: str | None = Field(default=None, description="Details of the verification.")
 
 
 class ServingStatus(Model):
     """What the promoted baseline runs, as last verified: a change of image or attention backend re-verifies."""
 
-    image: str | None = None
-    attention_backend: str | None = None
-    verification: VerificationStatus = VerificationStatus()
+    image: str | None = Field(default=None, description="vLLM image of the baseline when last verified.")
+    attention_backend: str | None = Field(
+        default=None, description="Attention backend of the baseline when last verified; vLLM's default when unset."
+    )
+    verification: VerificationStatus = Field(
+        default=VerificationStatus(), description="The last verification Job in that image."
+    )
 
 
 class CanaryStatus(Model):
-    deployment: str | None = None
-    weight: int = 0
-    step_index: int = 0
-    ready_replicas: int = 0
+    deployment: str | None = Field(default=None, description="Name of the canary Deployment.")
+    weight: int = Field(default=0, ge=0, le=100, description="Percentage of traffic the canary receives.")
+    step_index: int = Field(default=0, ge=0, description="Index into spec.serving.traffic.steps.")
+    ready_replicas: int = Field(default=0, ge=0, description="Ready canary pods.")
     # When the router was first seen at 0% on the canary on its way out (rollback, promotion, delete).
-    draining_since: str | None = None
+    draining_since: str | None = Field(
+        default=None,
+        description=(
+            "When the router was first seen sending 0% to the canary on its way out; the canary is deleted "
+            "spec.serving.traffic.drainDelay later."
+        ),
+    )
     # The shadow stage (spec.serving.traffic.shadow): the percent of live requests mirrored to the canary now, and
     # whether the stage has passed (then the weighted steps run).
-    mirror: int = Field(default=0, ge=0, le=100)
-    shadowed: bool = False
+    mirror: int = Field(
+        default=0, ge=0, le=100, description="Percent of live requests mirrored to the canary now (the shadow stage)."
+    )
+    shadowed: bool = Field(
+        default=False, description="The shadow stage (spec.serving.traffic.shadow) passed; the weighted steps run."
+    )
 
 
 class Measurement(Model):
     """One analysis measurement: the query, both values, the verdict. Capped history in status."""
 
-    metric: str
-    phase: Literal["Successful", "Undecided", "Failed", "Inconclusive", "Error"]
-    at: str
-    baseline: float | None = None
-    canary: float | None = None
-    threshold: float | None = None
-    query: str | None = None
-    message: str | None = None
+    metric: str = Field(description="What was measured, e.g. ttft-p95, errors, quality.")
+    phase: Literal["Successful", "Undecided", "Failed", "Inconclusive", "Error"] = Field(
+        description="Verdict of this measurement."
+    )
+    at: str = Field(description="When it was measured (RFC 3339).")
+    baseline: float | None = Field(default=None, description="Baseline value.")
+    canary: float | None = Field(default=None, description="Canary value.")
+    threshold: float | None = Field(default=None, description="Limit the canary was held to.")
+    query: str | None = Field(default=None, description="PromQL query or probe suite used.")
+    message: str | None = Field(default=None, description="Details.")
     # A sequential test past its last look without a decision: the run is undecided (spec.analysis.onUndecided).
-    exhausted: bool | None = None
+    exhausted: bool | None = Field(
+        default=None, description="The sequential test made its last look without deciding (the run is undecided)."
+    )
 
 
 class AnalysisStatus(Model):
-    started_at: str | None = None
-    last_measured_at: str | None = None
-    consecutive_successes: int = 0
-    failures: int = 0
-    inconclusive: int = 0
-    consecutive_errors: int = 0
-    ttft_p95_delta: str | None = Field(default=None, description="Canary vs baseline, e.g. '+3.1%'")
-    measurements: list[Measurement] = []
+    started_at: str | None = Field(default=None, description="When analysis of the current step began (RFC 3339).")
+    last_measured_at: str | None = Field(default=None, description="When the last measurement was taken (RFC 3339).")
+    consecutive_successes: int = Field(default=0, description="Successful intervals in a row in the current step.")
+    failures: int = Field(default=0, description="Failed intervals.")
+    inconclusive: int = Field(default=0, description="Inconclusive intervals.")
+    consecutive_errors: int = Field(default=0, description="Measurement errors in a row.")
+    ttft_p95_delta: str | None = Field(
+        default=None, description="Canary vs baseline p95 time to first token, e.g. '+3.1%'."
+    )
+    measurements: list[Measurement] = Field(
+        default=[], max_length=MAX_MEASUREMENTS, description="The last measurements, newest last (capped)."
+    )
 
 
 class KVCacheRole(Model):
     """The KV cache one role's vLLM reports (vllm:cache_config_info); where pods differ, the one the capacity check
     judges (core/analysis/capacity.py)."""
 
-    cache_dtype: str | None = None
-    kv_tokens: int | None = None
-    kv_bytes: int | None = None  # None where vLLM reports none (GPU without --kv-cache-memory-bytes)
-    bytes_per_token: float | None = None
-    max_concurrency: float | None = None
+    cache_dtype: str | None = Field(
+        default=None, description="vLLM's --kv-cache-dtype as it runs (auto, fp8, fp8_e4m3, ...)."
+    )
+    kv_tokens: int | None = Field(default=None, description="KV cache capacity in tokens (kv_cache_size_tokens).")
+    kv_bytes: int | None = Field(
+        default=None, description="KV cache memory in bytes (kv_cache_memory_bytes; absent where vLLM reports none)."
+    )
+    bytes_per_token: float | None = Field(default=None, description="kvBytes / kvTokens.")
+    max_concurrency: float | None = Field(
+        default=None, description="Requests of the longest model length that fit at once (kv_cache_max_concurrency)."
+    )
 
 
 class CapacityStatus(Model):
     """KV capacity of baseline and canary, as last read (kept across steps and after promotion)."""
 
-    measured_at: str | None = None
-    baseline: KVCacheRole | None = None
-    canary: KVCacheRole | None = None
-    token_ratio: float | None = Field(default=None, description="Canary KV tokens / baseline KV tokens")
+    measured_at: str | None = Field(default=None, description="When it was read (RFC 3339).")
+    token_ratio: float | None = Field(
+        default=None, description="Canary KV tokens / baseline KV tokens (about 2 for FP8 beside BF16)."
+    )
+    baseline: KVCacheRole | None = Field(default=None, description="The baseline's KV cache.")
+    canary: KVCacheRole | None = Field(
+        default=None, description="The canary's KV cache (the pod with the fewest tokens where pods differ)."
+    )
 
 
 class HistoryEntry(Model):
-    phase: str
-    at: str
-    reason: str
-    message: str = ""
+    phase: str = Field(json_schema_extra=kube(enum=Phase), description="Phase entered.")
+    at: str = Field(description="When (RFC 3339).")
+    reason: str = Field(description="Why.")
+    message: str = Field(default="", description="Details.")
 
 
 class NotificationsStatus(Model):
     """Webhook deliveries (core.notifications): recorded after the receiver's 2xx, so a restart repeats none."""
 
-    delivered: list[str] = []  # TARGET/UID/PHASE/AT, one per transition per target still in history
-    last_error: str | None = None  # the latest failed delivery per target, until that target accepts one
+    delivered: list[Annotated[str, Field(max_length=512)]] = Field(
+        default=[],
+        max_length=MAX_DELIVERED,
+        description=(
+            "Deliveries the receivers accepted, as TARGET/UID/PHASE/AT (the part after the target is the "
+            "Idempotency-Key sent); one per target per transition still in history."
+        ),
+    )
+    last_error: str | None = Field(
+        default=None,
+        description=(
+            'The latest failed delivery of each target that has not accepted one since (HTTP status or "no '
+            "answer\"; never the URL or an answer's body)."
+        ),
+    )
 
 
 class KVCalibrationStatus(Model):
-    phase: str = Phase.PENDING
-    message: str | None = None
-    observed_generation: int | None = None
-    phase_started_at: str | None = None
-    conditions: list[Condition] = []
-    calibration: CalibrationStatus = CalibrationStatus()
-    verification: VerificationStatus = VerificationStatus()
-    canary: CanaryStatus = CanaryStatus()
-    analysis: AnalysisStatus = AnalysisStatus()
-    history: list[HistoryEntry] = []
-    serving: ServingStatus = ServingStatus()
-    capacity: CapacityStatus = CapacityStatus()
-    notifications: NotificationsStatus = NotificationsStatus()
+    """Observed state, computed by the operator and written once per reconcile."""
+
+    phase: str = Field(
+        default=Phase.PENDING,
+        json_schema_extra=kube(enum=Phase),
+        description="Lifecycle phase; Succeeded, RolledBack and Failed are terminal.",
+    )
+    message: str | None = Field(default=None, description="Human-readable reason for the current phase.")
+    observed_generation: int | None = Field(default=None, description="The metadata.generation this status describes.")
+    phase_started_at: str | None = Field(default=None, description="When the current phase began (RFC 3339).")
+    conditions: list[Condition] = Field(
+        default=[],
+        max_length=MAX_CONDITIONS,
+        json_schema_extra=kube(list_type="map", list_map_keys=["type"]),
+        description=(
+            "Calibrated, ScalesVerified, CanaryReady, AnalysisPassed, Promoted, Ready; when they apply: "
+            "ServingVerified (the promoted baseline's image/backend re-verified), SpecCurrent (a spec change "
+            "after a terminal phase), ReconcileError (the last reconcile pass failed)."
+        ),
+    )
+    calibration: CalibrationStatus = Field(
+        default=CalibrationStatus(), description="The calibration Job and the summary of its report."
+    )
+    verification: VerificationStatus = Field(
+        default=VerificationStatus(),
+        description="The verification Job that loads the checkpoint in vLLM and reads the scales back.",
+    )
+    canary: CanaryStatus = Field(default=CanaryStatus(), description="The canary Deployment and its traffic.")
+    analysis: AnalysisStatus = Field(
+        default=AnalysisStatus(), description="Analysis counters and the last measurements."
+    )
+    capacity: CapacityStatus = Field(
+        default=CapacityStatus(),
+        description="KV capacity of baseline and canary as vLLM reports it (vllm:cache_config_info).",
+    )
+    history: list[HistoryEntry] = Field(
+        default=[], max_length=MAX_HISTORY, description="Phase transitions, newest last (capped)."
+    )
+    serving: ServingStatus = Field(
+        default=ServingStatus(),
+        description=(
+            "What the promoted baseline runs, as last verified; a change of its vLLM image or attention backend "
+            "re-runs the verification Job (condition ServingVerified)."
+        ),
+    )
+    notifications: NotificationsStatus = Field(
+        default=NotificationsStatus(),
+        description=(
+            "Webhook notifications of phase changes (chart values notifications.webhooks; docs/notifications.md),"
+            " recorded after the receiver answered 2xx so that an operator restart neither repeats nor loses one."
+        ),
+    )
