@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Generate docs/crd-reference.md from the KVCalibration CRD's OpenAPI schema (crds/kvcal.dev_kvcalibrations.yaml).
+"""Generate docs/crd-reference.md from the KVCalibration CRD's OpenAPI schema (crds/kvcal.dev_kvcalibrations.yaml,
+itself generated from the pydantic models by python -m kvcal.models.crd).
 
 python hack/gen-crd-reference.py           # rewrite docs/crd-reference.md
 python hack/gen-crd-reference.py --check   # exit 1 when the file is stale (tests/unit/test_docs.py runs this)

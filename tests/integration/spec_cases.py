@@ -2,7 +2,8 @@
 
 tests/integration/test_spec_parity.py sends every row through the API server (server-side dry-run) and through the
 model (`kvcal validate`'s rules) and wants one verdict; tests/unit/test_spec_cases.py checks that every constraint
-and CEL rule of the CRD's spec is hit by at least one invalid row. A new rule in the CRD: add its rows here.
+and CEL rule of the CRD's spec is hit by at least one invalid row. A new rule in the models (and so in the
+generated CRD): add its rows here.
 
 A constraint is named `PATH:KIND`: KIND is an OpenAPI keyword (minimum, maxLength, enum, pattern, ...), `required`
 (PATH is then the missing field), `cel<N>` (the N-th x-kubernetes-validations rule at PATH) or `type`.

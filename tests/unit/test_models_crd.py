@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kvcal.core import notifications
 from kvcal.models import crd
-from kvcal.models.kube import cel, kube
+from kvcal.models.markers import cel, kube
 from kvcal.models.spec import KVCalibrationSpec, PromotionSpec
 from kvcal.models.status import MAX_DELIVERED, Phase
 

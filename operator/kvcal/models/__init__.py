@@ -1,4 +1,5 @@
-"""Pydantic models of the KVCalibration resource, parsed at the handler boundary (crds/ holds the schema)."""
+"""Pydantic models of the KVCalibration resource, parsed at the handler boundary; crds/ is generated from them
+(python -m kvcal.models.crd)."""
 
 from kvcal.models.spec import (
     AnalysisSpec,

@@ -4,7 +4,7 @@ python -m kvcal.models.crd           # rewrite crds/ and the chart's copy
 python -m kvcal.models.crd --check   # exit 1 when either file is stale
 
 Types, descriptions, enums, bounds, patterns, defaults and required lists come from the models' fields; CEL rules,
-list types and operator-only enums from the markers beside them (kvcal.models.kube). What is not per field (names,
+list types and operator-only enums from the markers beside them (kvcal.models.markers). What is not per field (names,
 printer columns) is declared here. The output is a structural schema: no $ref, no anyOf, no title, no null.
 """
 
@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, Strict, TypeAdapter
 from pydantic.fields import FieldInfo
 
-from kvcal.models.kube import MARKER_KEYS
+from kvcal.models.markers import MARKER_KEYS
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import KVCalibrationStatus
 
@@ -252,7 +252,7 @@ def _markers(extra: object) -> Schema:
     if extra is None:
         return {}
     if not isinstance(extra, dict) or not set(extra) <= MARKER_KEYS:
-        raise TypeError(f"json_schema_extra may only carry kvcal.models.kube markers, not {extra!r}")
+        raise TypeError(f"json_schema_extra may only carry kvcal.models.markers keys, not {extra!r}")
     return dict(extra)
 
 

@@ -12,7 +12,7 @@ from pydantic_core import PydanticCustomError
 
 from kvcal import vllm_flags
 from kvcal.models.base import Model
-from kvcal.models.kube import cel, kube
+from kvcal.models.markers import cel, kube
 
 # The CRD's patterns (OpenAPI `pattern` and CEL `matches`), one constant each.
 DURATION_PATTERN = r"^([0-9]+h)?([0-9]+m)?([0-9]+s)?$"
@@ -237,7 +237,6 @@ class CalibrationSpec(SpecModel):
             "sample through one layer before onloading the next."
         ),
     )
-    # Also calibrate q_scale (llm-compressor's attention scheme): FP8 attention backends quantize Q with it.
     query_scales: bool = Field(
         default=False,
         description=(
@@ -315,7 +314,6 @@ class ProtectedLayers(SpecModel):
         json_schema_extra=kube(list_type="set"),  # the API server's twin of _distinct
         description="Layer indices (0-based), e.g. [0, 31].",
     )
-    # Also the calibration report's sensitive layers (status.calibration.sensitiveLayers).
     from_report: bool = Field(
         default=False,
         description=(
@@ -495,7 +493,6 @@ class TrafficSpec(SpecModel):
             "and endpoint picker."
         ),
     )
-    # After the router reports 0% on the canary, how long in-flight requests get before the canary is deleted.
     drain_delay: str = Field(
         default="30s",
         min_length=2,
@@ -635,8 +632,6 @@ class LatencyCheck(SpecModel):
     metric: Literal["ttft", "itl", "e2e"] = Field(
         description="ttft time to first token, itl inter-token latency, e2e request latency."
     )
-    # rank: a sequential Mann-Whitney test on the histograms since the step began (kvcal.core.analysis.ranktest);
-    # quantile: this interval's canary quantile vs the baseline's x (1 + maxRegression).
     test: Literal["rank", "quantile"] = Field(
         default="rank",
         description=(
@@ -650,7 +645,6 @@ class LatencyCheck(SpecModel):
         json_schema_extra=kube(cel("self > 0.0 && self < 1.0", QUANTILE_RANGE)),
         description="Quantile compared (quantile test) or recorded for people (rank test), in (0, 1).",
     )
-    # The slowdown never to promote (rank: promoted only when confidently within it; quantile: the limit).
     max_regression: float = Field(
         default=MAX_REGRESSION,
         ge=0,
@@ -660,8 +654,6 @@ class LatencyCheck(SpecModel):
             "within it; the quantile test's highest canary/baseline - 1 that passes."
         ),
     )
-    # rank only: the slowdown that rolls back, when the canary is confidently slower than it (default half of
-    # maxRegression); between the two the test needs more data.
     rollback_above: float | None = Field(
         default=None,
         ge=0,
@@ -671,7 +663,6 @@ class LatencyCheck(SpecModel):
             "(1 + rollbackAbove); default maxRegression / 2. Between the two the test needs more data."
         ),
     )
-    # Absolute noise floor: a canary within this many seconds of the baseline passes whatever the ratio.
     noise_floor_seconds: float = Field(
         default=NOISE_FLOOR_SECONDS,
         ge=0,
@@ -841,8 +832,6 @@ class AnalysisSpec(SpecModel):
     max_error_rate: float = Field(
         default=0.01, ge=0, le=1, description="Highest canary request error ratio in an interval, e.g. 0.01 for 1%."
     )
-    # A rank test that made its last look undecided: pause (wait in AwaitingPromotion for `kvcal promote` or
-    # `kvcal abort`) or rollback (with reason AnalysisUndecided, never "slower").
     on_undecided: Literal["pause", "rollback"] = Field(
         default="pause",
         description=(

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from kvcal.models.base import Model
-from kvcal.models.kube import kube
+from kvcal.models.markers import kube
 
 MAX_MEASUREMENTS = 48  # six intervals of the default checks (8 measurements each): enough to see why a run failed
 MAX_HISTORY = 20
@@ -200,7 +200,6 @@ class CanaryStatus(Model):
     weight: int = Field(default=0, ge=0, le=100, description="Percentage of traffic the canary receives.")
     step_index: int = Field(default=0, ge=0, description="Index into spec.serving.traffic.steps.")
     ready_replicas: int = Field(default=0, ge=0, description="Ready canary pods.")
-    # When the router was first seen at 0% on the canary on its way out (rollback, promotion, delete).
     draining_since: str | None = Field(
         default=None,
         description=(
@@ -208,8 +207,6 @@ class CanaryStatus(Model):
             "spec.serving.traffic.drainDelay later."
         ),
     )
-    # The shadow stage (spec.serving.traffic.shadow): the percent of live requests mirrored to the canary now, and
-    # whether the stage has passed (then the weighted steps run).
     mirror: int = Field(
         default=0, ge=0, le=100, description="Percent of live requests mirrored to the canary now (the shadow stage)."
     )
@@ -231,7 +228,6 @@ class Measurement(Model):
     threshold: float | None = Field(default=None, description="Limit the canary was held to.")
     query: str | None = Field(default=None, description="PromQL query or probe suite used.")
     message: str | None = Field(default=None, description="Details.")
-    # A sequential test past its last look without a decision: the run is undecided (spec.analysis.onUndecided).
     exhausted: bool | None = Field(
         default=None, description="The sequential test made its last look without deciding (the run is undecided)."
     )
