@@ -97,6 +97,27 @@ def test_model_level_rules_land_on_the_object() -> None:
     assert schema["properties"]["a"] == {"type": "integer", "description": "The guarded field."}
 
 
+class _Kubernetesy(BaseModel):
+    port: int | str | None = Field(default=None, description="A port number or name.")
+    labels: dict[str, str] = Field(default={}, description="Free labels.")
+    raw: dict[str, Any] | None = Field(default=None, description="Passed through as is.")
+    share: float = Field(default=0.5, gt=0, lt=1, description="Strictly between 0 and 1.")
+
+
+def test_kubernetes_shapes_have_their_openapi_spelling() -> None:
+    """int | str, maps, free-form objects and exclusive bounds, as OpenAPI v3.0 (the API server's dialect) says them."""
+    properties = crd.object_schema(_Kubernetesy)["properties"]
+    assert properties["port"]["x-kubernetes-int-or-string"] is True and "type" not in properties["port"]
+    assert properties["labels"]["additionalProperties"] == {"type": "string"}
+    assert properties["raw"]["x-kubernetes-preserve-unknown-fields"] is True
+    share = _Kubernetesy.model_fields["share"]
+    assert (properties["share"]["minimum"], properties["share"]["maximum"]) == (
+        share.metadata[0].gt,
+        share.metadata[1].lt,
+    )
+    assert properties["share"]["exclusiveMinimum"] is properties["share"]["exclusiveMaximum"] is True
+
+
 def test_the_schema_is_structural() -> None:
     """No construct the API server refuses in a structural schema; Optional is the plain type."""
     banned = {"$ref", "$defs", "anyOf", "oneOf", "allOf", "not", "title", "nullable", "const"}
