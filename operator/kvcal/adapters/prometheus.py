@@ -29,9 +29,9 @@ from kvcal.core.analysis.ranktest import (
     IntervalBuckets,
     assess_latency_check,
     has_pod_reference,
-    look_number,
 )
 from kvcal.core.analysis.saturation import Load, assess_saturation
+from kvcal.core.analysis.schedule import look_number
 from kvcal.core.analysis.verdict import (
     Reading,
     RequestCounts,

@@ -11,6 +11,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Literal
 
+from kvcal.core.analysis.schedule import measurement_due, next_measurement_at
 from kvcal.core.artifact.provenance import calibrator_image, record_calibrator_image, with_calibrator_image
 from kvcal.core.artifact.record import verified_artifact
 from kvcal.core.finished import recalibrate, spec_changed_when_done, start_over
@@ -31,10 +32,9 @@ from kvcal.core.observations import (
 from kvcal.core.phases import LIFECYCLE, Lifecycle
 from kvcal.core.problems import NeedsFix
 from kvcal.core.rollout.canary import remove_canary
-from kvcal.core.rollout.machine import next_measurement_at
 from kvcal.core.spechash import effective_spec_hash
 from kvcal.core.status.builder import Builder, blocked, fail
-from kvcal.models.spec import AnalysisSpec, KVCalibrationSpec
+from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import (
     AnalysisStatus,
     CalibrationStatus,
@@ -49,12 +49,6 @@ __all__ = ["decide", "measurement_due", "next_measurement_at"]
 # "raise": a handler's unforeseen exception propagates (tests: it is a bug). "block": the operator shows it as a
 # Blocked status (the decision carries it, for the log) instead of retrying forever unseen.
 OnUnexpected = Literal["raise", "block"]
-
-
-def measurement_due(spec: AnalysisSpec, status: KVCalibrationStatus, now: datetime) -> bool:
-    """Whether the reconciler should query metrics and probes now (only while Analyzing)."""
-    due = next_measurement_at(spec, status.analysis)
-    return status.phase == Phase.ANALYZING and due is not None and now >= due
 
 
 def decide(

@@ -26,11 +26,11 @@ a tolerance? (docs/concepts.md, "The latency test", has the design and its reaso
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Literal
 
 from kvcal.core.analysis.histograms import Buckets, cumulative_counts, pool, rank_effect
 from kvcal.core.analysis.podspread import interval_spread, pod_spread, pod_weights, spread_z
+from kvcal.core.analysis.schedule import LOOKS_PER_SUCCESSFUL_INTERVAL
 from kvcal.core.analysis.sequential import boundaries
 from kvcal.core.analysis.verdict import (
     Reading,
@@ -39,11 +39,10 @@ from kvcal.core.analysis.verdict import (
     assess_latency,
     latency_metric_name,
     quantile_from_buckets,
-    query_window_seconds,
     too_few_requests,
 )
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
-from kvcal.models.status import AnalysisStatus, Measurement
+from kvcal.models.status import Measurement
 
 # One-sided errors over all the looks of one analysis step. Each decision passes two tests: at its tolerance
 # (rollbackAbove, maxRegression) it errs with BOUNDARY_ALPHA; one indifference zone (maxRegression - rollbackAbove)
@@ -57,8 +56,6 @@ from kvcal.models.status import AnalysisStatus, Measurement
 # about +2.5%: benchmarks/bench_analysis.py caught 64% of 15% regressions within 3 intervals instead of 82%).
 BOUNDARY_ALPHA = 0.10
 BEYOND_ALPHA = 0.005
-# Looks per analysis step, as a multiple of successfulIntervals (the consecutive confident looks a promotion needs).
-LOOKS_PER_SUCCESSFUL_INTERVAL = 2
 # Both boundaries grow as (look / looks)^BOUNDARY_SHAPE (Wang and Tsiatis' family; 0 would be Pocock's constant
 # boundary): more of alpha is spent on the first looks, where a slower canary is caught before it serves for long.
 BOUNDARY_SHAPE = 0.25
@@ -311,16 +308,3 @@ def assess_latency_check(
     baseline, canary = (_quantile(check.quantile, buckets) for buckets in interval)
     gate = RequestGate(requests, spec.min_requests)
     return assess_latency(check, Reading(baseline, canary, query), gate=gate, at=at)
-
-
-def look_number(spec: AnalysisSpec, step_seconds: float) -> int:
-    """Which look of the step a measurement over ``step_seconds`` (since the step's first interval began) is."""
-    return max(1, round(step_seconds / spec.interval_seconds))
-
-
-def step_window_seconds(spec: AnalysisSpec, status: AnalysisStatus, now: datetime) -> float:
-    """The rank test's window at ``now``: since the step's first interval began (one look past the last is enough
-    to read as Inconclusive)."""
-    return query_window_seconds(
-        spec, status, now, intervals=LOOKS_PER_SUCCESSFUL_INTERVAL * spec.successful_intervals + 1
-    )

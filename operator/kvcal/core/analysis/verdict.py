@@ -26,7 +26,7 @@ from statistics import NormalDist
 from typing import Literal, NamedTuple
 
 from kvcal.core.guard.redact import redact
-from kvcal.core.timestamps import parse_rfc3339, rfc3339
+from kvcal.core.timestamps import rfc3339
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
 from kvcal.models.status import MAX_MEASUREMENTS, AnalysisStatus, Measurement
 
@@ -110,19 +110,6 @@ def quantile_from_buckets(q: float, buckets: Sequence[tuple[float, float]]) -> f
     probit = NormalDist().inv_cdf
     fraction = (probit(q) - probit(f_lo)) / (probit(f_hi) - probit(f_lo))
     return math.exp(math.log(lower) + (math.log(upper) - math.log(lower)) * fraction)
-
-
-def query_window_seconds(spec: AnalysisSpec, status: AnalysisStatus, now: datetime, intervals: int = 3) -> float:
-    """Query window for the measurement taken at ``now``: everything since the first measurement was due (the end
-    of the warmup after ``status.startedAt``) plus that first interval, at least one interval and at most
-    ``intervals`` intervals: the rank test's window, pooling the step
-    (kvcal.core.analysis.ranktest.step_window_seconds)."""
-    interval = spec.interval_seconds
-    if status.started_at is None:
-        return interval
-    started = parse_rfc3339(status.started_at)
-    since_first = (now - started).total_seconds() - spec.warmup_seconds
-    return max(interval, min(since_first + interval, intervals * interval))
 
 
 def too_few_requests(requests: RequestCounts | None, min_requests: int) -> str | None:

@@ -2,9 +2,10 @@
 it may go): the verified checkpoint (core.artifact.record) as a canary beside the baseline, step by step, analyzed,
 then promoted into the baseline or rolled back. Pure like decide (no I/O, `now` passed in)."""
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from kvcal.core.analysis.capacity import capacity_status, with_capacity
+from kvcal.core.analysis.schedule import next_measurement_at
 from kvcal.core.analysis.share import with_share
 from kvcal.core.analysis.verdict import assess_run
 from kvcal.core.guard.policy import extra_args_violations
@@ -35,17 +36,8 @@ from kvcal.core.rollout.pool import (
 )
 from kvcal.core.status.builder import Builder, blocked, fail, no_baseline
 from kvcal.core.timestamps import parse_rfc3339, rfc3339
-from kvcal.models.spec import AnalysisSpec, KVCalibrationSpec
+from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import AnalysisStatus, Phase
-
-
-def next_measurement_at(spec: AnalysisSpec, status: AnalysisStatus) -> datetime | None:
-    """When the next analysis interval is due: warmup after the start, then every interval."""
-    if status.last_measured_at:
-        return parse_rfc3339(status.last_measured_at) + timedelta(seconds=spec.interval_seconds)
-    if status.started_at:
-        return parse_rfc3339(status.started_at) + timedelta(seconds=spec.warmup_seconds)
-    return None
 
 
 def deploying(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> None:

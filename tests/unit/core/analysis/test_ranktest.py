@@ -21,10 +21,9 @@ from kvcal.core.analysis.ranktest import (
     assess_latency_check,
     design,
     has_pod_reference,
-    look_number,
     rank_test,
-    step_window_seconds,
 )
+from kvcal.core.analysis.schedule import look_number, step_window_seconds
 from kvcal.core.analysis.sequential import decision_probability
 from kvcal.core.analysis.verdict import RequestCounts, assess_run
 from kvcal.models.spec import AnalysisSpec, LatencyCheck

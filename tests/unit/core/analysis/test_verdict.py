@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 import pytest
 
 from kvcal.core.analysis import promql
+from kvcal.core.analysis.schedule import query_window_seconds
 from kvcal.core.analysis.verdict import (
     Reading,
     RequestCounts,
@@ -18,7 +19,6 @@ from kvcal.core.analysis.verdict import (
     informational,
     interval_phase,
     quantile_from_buckets,
-    query_window_seconds,
 )
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
 from kvcal.models.status import MAX_MEASUREMENTS, AnalysisStatus, Measurement
