@@ -63,6 +63,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check operator tests benchmarks
 	$(VENV)/bin/mypy
 	PYTHONPATH=operator $(VENV)/bin/lint-imports
+	$(PY) -m kvcal.generated --check
 
 # Installs everything (venv, Go-built control plane, prometheus, podman) and runs every test (tests/images: the
 # operator image is built and run; the heavy images only in `make test-images`).

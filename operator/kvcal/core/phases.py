@@ -8,7 +8,8 @@ Ready, Argo CD health, the stuck-phase alert, webhook notifications). decide(), 
 
 Adding a phase touches 3 files by hand: its row here, its handler in its machine (core/artifact/machine.py or
 core/rollout/machine.py), and its member of Phase (models/status.py). `python -m kvcal.generated` then rewrites the
-generated files that show it: argocd/health.lua, argocd/argocd-cm.yaml, charts/kvcal/templates/prometheusrule.yaml.
+generated files that show it: argocd/health.lua, argocd/argocd-cm.yaml, charts/kvcal/templates/prometheusrule.yaml,
+crds/kvcal.dev_kvcalibrations.yaml, charts/kvcal/crds/kvcal.dev_kvcalibrations.yaml, docs/crd-reference.md.
 tests/unit/core/test_phase_descriptor.py holds this paragraph to kvcal.generated's list and fails on a stale file.
 
 An illegal move raises IllegalTransition: a bug in unit tests; in the operator decide() turns it, like any other

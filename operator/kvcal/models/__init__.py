@@ -1,5 +1,5 @@
 """Pydantic models of the KVCalibration resource, parsed at the handler boundary; crds/ is generated from them
-(python -m kvcal.models.crd)."""
+(python -m kvcal.generated)."""
 
 from kvcal.models.spec import (
     AnalysisSpec,
