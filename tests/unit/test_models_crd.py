@@ -9,11 +9,10 @@ import pytest
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvcal.core import notifications
 from kvcal.models import crd
 from kvcal.models.markers import cel, kube
 from kvcal.models.spec import KVCalibrationSpec, PromotionSpec
-from kvcal.models.status import MAX_DELIVERED, Phase
+from kvcal.models.status import Phase
 
 REPO = Path(__file__).resolve().parents[2]
 GENERATED = crd.build()
@@ -133,10 +132,6 @@ def test_status_phases_are_the_phase_enum() -> None:
     status = ROOT["properties"]["status"]["properties"]
     assert status["phase"]["enum"] == list(Phase) == status["history"]["items"]["properties"]["phase"]["enum"]
     assert status["phase"]["default"] == Phase.PENDING
-
-
-def test_the_delivered_cap_is_the_one_core_trims_to() -> None:
-    assert MAX_DELIVERED == notifications.MAX_DELIVERED
 
 
 def test_names_scope_and_subresources() -> None:

@@ -8,7 +8,6 @@ and the reconciler copies the keys it confirmed (HTTP 2xx) into the next status 
 repeats a recorded delivery nor loses one still due; one confirmed in the moment before the operator died is posted
 again, with the same key (at least once)."""
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -24,7 +23,7 @@ from kvcal.core.status.conditions import get_condition
 from kvcal.core.timestamps import parse_rfc3339
 from kvcal.models.base import Model
 from kvcal.models.spec import DNS_LABEL_PATTERN
-from kvcal.models.status import MAX_HISTORY, KVCalibrationStatus, NotificationsStatus, Phase
+from kvcal.models.status import MAX_DELIVERED, KVCalibrationStatus, NotificationsStatus, Phase
 
 NOTIFY_EVENTS: tuple[NotifyEvent, ...] = get_args(NotifyEvent)
 # A transition older than this is history, not news: not sent after an operator upgrade that brings notifications,
@@ -32,17 +31,11 @@ NOTIFY_EVENTS: tuple[NotifyEvent, ...] = get_args(NotifyEvent)
 NOTIFY_WINDOW = timedelta(hours=24)
 MESSAGE_CHARS = 512  # status.history messages are capped at this too (core.status.builder)
 PAYLOAD_VERSION = 1
-MAX_WEBHOOKS = 8  # chart values notifications.webhooks (values.schema.json says so too)
-# status.notifications.delivered: one id per target per transition still in status (the capped history, plus a revert).
-MAX_DELIVERED = (MAX_HISTORY + 1) * MAX_WEBHOOKS
 # Which phases notify is a fact of the phase table (its `notifies` column); Analyzing's becomes StepStarted past
 # the first step.
 _PHASE_EVENTS: dict[str, NotifyEvent] = {
     name: descriptor.notifies for name, descriptor in LIFECYCLE.phases.items() if descriptor.notifies is not None
 }
-# core.rollout.machine's Deploying -> Analyzing message: "step 2/3: 1 canary pods ready, weight 50%".
-_STEP = re.compile(r"^step (\d+)/(\d+):")
-_WEIGHT = re.compile(r"\bweight (\d+)%")
 
 
 class WebhookTarget(Model):
@@ -96,10 +89,8 @@ def transitions(uid: str, status: KVCalibrationStatus) -> list[Transition]:
     history = status.history
     for index, entry in enumerate(history):
         event: NotifyEvent | None = _PHASE_EVENTS.get(entry.phase)
-        step = _STEP.match(entry.message) if entry.phase == Phase.ANALYZING else None
-        weight = _WEIGHT.search(entry.message) if entry.phase == Phase.ANALYZING else None
-        if entry.phase == Phase.ANALYZING:
-            event = "StepStarted" if step is not None and int(step.group(1)) > 1 else "AnalysisStarted"
+        if event == "AnalysisStarted" and entry.step is not None and entry.step > 1:
+            event = "StepStarted"  # the canary's weight went up
         if event is None:
             continue
         before = history[index - 1] if index > 0 else None
@@ -112,9 +103,9 @@ def transitions(uid: str, status: KVCalibrationStatus) -> list[Transition]:
                 message=entry.message,
                 at=entry.at,
                 cause=before.reason if entry.phase == Phase.ROLLED_BACK and before is not None else None,
-                step=int(step.group(1)) if step else None,
-                steps=int(step.group(2)) if step else None,
-                weight=int(weight.group(1)) if weight else None,
+                step=entry.step,
+                steps=entry.steps,
+                weight=entry.weight,
             )
         )
     promoted = get_condition(status.conditions, "Promoted")

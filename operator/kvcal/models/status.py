@@ -283,6 +283,10 @@ class HistoryEntry(Model):
     at: str = Field(description="When (RFC 3339).")
     reason: str = Field(description="Why.")
     message: str = Field(default="", description="Details.")
+    # Structured, so that notifications never parse the message: set on entering Analyzing at a weighted step.
+    step: int | None = Field(default=None, ge=1, description="The traffic step entered (1-based; Analyzing only).")
+    steps: int | None = Field(default=None, ge=1, description="How many traffic steps the rollout has.")
+    weight: int | None = Field(default=None, ge=0, le=100, description="The canary's weight at that step (percent).")
 
 
 class NotificationsStatus(Model):

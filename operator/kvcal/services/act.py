@@ -15,15 +15,24 @@ from datetime import datetime, timedelta
 
 from kvcal.core.manifests import FIELD_MANAGER, Owner
 from kvcal.core.manifests.common import LABEL_CALIBRATION, LABEL_MANAGED_BY, MANAGED_BY, label_value
-from kvcal.core.observations import Apply, ApplyOwnedFields, ChildKind, Create, Decision, Delete, SetWeight
+from kvcal.core.observations import Apply, ApplyOwnedFields, ChildKind, Create, Decision, Delete, Event, SetWeight
+from kvcal.core.phases import LIFECYCLE
 from kvcal.core.status.events import history_event, history_event_name
 from kvcal.core.timestamps import parse_rfc3339
 from kvcal.metrics import OperatorMetrics
-from kvcal.models.status import KVCalibrationStatus
+from kvcal.models.status import HistoryEntry, KVCalibrationStatus
 from kvcal.ports import Kube, Manifest, Routing
 from kvcal.services.observe import PassAdapters
 
 log = logging.getLogger(__name__)
+
+
+def lifecycle_event(entry: HistoryEntry) -> Event:
+    """The Event of a status.history entry: Warning where the phase table says so (a phase this operator does not
+    know, written by another version, is Normal)."""
+    return history_event(entry, entry.phase in LIFECYCLE and LIFECYCLE[entry.phase].warning)
+
+
 # The API server drops Events after --event-ttl (1 h by default): an older entry is not re-sent after a restart, where
 # AlreadyExists could no longer tell that it was sent.
 EVENT_RESEND_WINDOW = timedelta(minutes=50)
@@ -63,7 +72,7 @@ class Actor:
         """What follows the status write: the history Events, the decision's other events, the gate annotations it
         acted on cleared (after the write, so a pass that dies first sees the gate again)."""
         self.send_history_events(obj, decision.status, now)
-        lifecycle = {history_event(entry) for entry in decision.status.history}
+        lifecycle = {lifecycle_event(entry) for entry in decision.status.history}
         for event in decision.events:
             if self.metrics and event.type == "Warning":
                 self.metrics.warned(event.reason)
@@ -89,7 +98,7 @@ class Actor:
             if now - parse_rfc3339(entry.at) > EVENT_RESEND_WINDOW:
                 sent.add(name)
                 continue
-            event = history_event(entry)
+            event = lifecycle_event(entry)
             try:
                 self.kube.emit_event(obj, event.type, event.reason, event.message, name=name)
                 sent.add(name)

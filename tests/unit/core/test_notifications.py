@@ -52,6 +52,17 @@ def test_each_traffic_step_the_lifecycle_enters_is_told_with_its_step_and_weight
     assert (first.event, first.step, first.steps, first.weight) == ("AnalysisStarted", 1, 2, weights[0])
     assert (second.event, second.step, second.steps, second.weight) == ("StepStarted", 2, 2, weights[1])
     assert first.key == f"{UID}/Analyzing/{rfc3339(NOW)}"
+    entry = analyzing_from_deploying(1).history[-1]
+    assert (entry.step, entry.steps, entry.weight) == (2, 2, weights[1])  # recorded in status, for receivers
+
+
+def test_the_step_is_read_from_the_history_entry_never_from_its_message() -> None:
+    """A message reworded (or one that reads like another step) changes nothing a receiver gets."""
+    entry = HistoryEntry(phase=Phase.ANALYZING, at=rfc3339(NOW), reason="CanaryReady", message="step 9/9: weight 99%")
+    told = transitions(UID, status(Phase.ANALYZING, history=[entry.model_copy(update={"step": 2, "steps": 3})]))
+    assert (told[-1].event, told[-1].step, told[-1].steps, told[-1].weight) == ("StepStarted", 2, 3, None)
+    (shadow,) = transitions(UID, status(Phase.ANALYZING, history=[entry]))  # no step: the shadow stage
+    assert (shadow.event, shadow.step, shadow.weight) == ("AnalysisStarted", None, None)
 
 
 def rolled_back() -> KVCalibrationStatus:

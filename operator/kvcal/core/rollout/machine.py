@@ -34,7 +34,7 @@ from kvcal.core.rollout.pool import (
     pool_selector_keys,
     uses_pools,
 )
-from kvcal.core.status.builder import Builder, blocked, fail, no_baseline
+from kvcal.core.status.builder import Builder, StepEntered, blocked, fail, no_baseline
 from kvcal.core.timestamps import parse_rfc3339, rfc3339
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import AnalysisStatus, Phase
@@ -113,7 +113,8 @@ def deploying(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> Non
     message = f"{stage}: {ready} canary pods ready, {exposure}"
     draft.condition("CanaryReady", "True", "Ready", message)
     draft.condition("AnalysisPassed", "Unknown", "Running", "analysis running")
-    draft.move(Phase.ANALYZING, "CanaryReady", message)
+    entered = None if mirror else StepEntered(step + 1, len(traffic.steps), plan.weight)
+    draft.move(Phase.ANALYZING, "CanaryReady", message, step=entered)
 
 
 def analyzing(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> None:

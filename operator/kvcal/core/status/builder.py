@@ -21,11 +21,24 @@ from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import MAX_HISTORY, ConditionType, HistoryEntry, KVCalibrationStatus, Phase
 
 
+@dataclass(frozen=True)
+class StepEntered:
+    """Which traffic step a move enters, recorded in its history entry (read by notifications, never parsed back
+    out of the message)."""
+
+    step: int  # 1-based
+    steps: int
+    weight: int | None  # None while the canary only receives a mirror
+
+
 class PhaseFacts(Protocol):
     """What the builder reads of one phase's row."""
 
     @property
     def ready(self) -> bool: ...
+
+    @property
+    def warning(self) -> bool: ...
 
 
 class PhaseRules(Protocol):
@@ -73,10 +86,11 @@ class Builder:
         now, generation = self.now, self.obs.generation
         self.update(conditions=set_condition(self.status.conditions, type_, status, reason, message, now, generation))
 
-    def move(self, phase: str, reason: str, message: str) -> None:
+    def move(self, phase: str, reason: str, message: str, *, step: StepEntered | None = None) -> None:
         self.lifecycle.check_transition(self.phase, phase)
         at = rfc3339(self.now)
-        entry = HistoryEntry(phase=phase, at=at, reason=reason, message=message[:512])
+        where = {"step": step.step, "steps": step.steps, "weight": step.weight} if step is not None else {}
+        entry = HistoryEntry(phase=phase, at=at, reason=reason, message=message[:512], **where)
         self.update(
             phase=phase,
             message=message,
@@ -85,7 +99,7 @@ class Builder:
         )
         # The reconciler sends this one from status.history (idempotently, surviving a restart); listed here so a
         # decision says everything it announces.
-        self.events.append(history_event(entry))
+        self.events.append(history_event(entry, self.lifecycle[phase].warning))
 
     def event(self, type_: str, reason: str, message: str) -> None:
         self.events.append(Event("Warning" if type_ == "Warning" else "Normal", reason, message[:1024]))

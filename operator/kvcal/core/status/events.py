@@ -4,14 +4,14 @@ entry, so the reconciler can (re)send them after any restart and the API server'
 import hashlib
 
 from kvcal.core.observations import Event
-from kvcal.models.status import HistoryEntry, Phase
+from kvcal.models.status import HistoryEntry
 
-WARNING_PHASES = frozenset({Phase.FAILED, Phase.ROLLING_BACK, Phase.ROLLED_BACK, Phase.INVALID_SPEC})
 _MAX_PREFIX = 200  # Event names are DNS subdomains (253 characters): object name prefix + "." + 16 hex
 
 
-def history_event(entry: HistoryEntry) -> Event:
-    return Event("Warning" if entry.phase in WARNING_PHASES else "Normal", entry.reason, entry.message)
+def history_event(entry: HistoryEntry, warning: bool) -> Event:
+    """`warning`: the phase table's column for the entry's phase (kvcal.core.phases), which this wing cannot import."""
+    return Event("Warning" if warning else "Normal", entry.reason, entry.message)
 
 
 def history_event_name(object_name: str, uid: str, entry: HistoryEntry) -> str:
