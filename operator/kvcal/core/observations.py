@@ -32,7 +32,7 @@ class JobState:
 @dataclass(frozen=True)
 class DeploymentState:
     """The rollout state of a baseline or canary workload, in the Deployment's terms whatever its kind (the reconciler
-    maps a StatefulSet's status onto the same fields: services.reconciler.workload_state)."""
+    maps a StatefulSet's status onto the same fields: services.observe.workload_state)."""
 
     manifest: Manifest
     replicas: int
