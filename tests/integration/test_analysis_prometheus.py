@@ -9,8 +9,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from kvcal.adapters.prometheus import Estimator, PrometheusSource
+from kvcal.adapters.prometheus import PrometheusSource
 from kvcal.core.analysis import promql
+from kvcal.core.analysis.plan import Estimator
 from kvcal.core.analysis.ranktest import NO_POD_REFERENCE
 from kvcal.core.analysis.verdict import AnalysisVerdict, assess_run
 from kvcal.core.guard.policy import Policy, PrometheusAccess

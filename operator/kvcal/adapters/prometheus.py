@@ -1,11 +1,12 @@
-"""Metrics from Prometheus (its HTTP API over httpx): canary vs baseline over one window, assessed by the core.
+"""Metrics from Prometheus (its HTTP API over httpx): runs the core's measurement plan over one window.
 
-Implements ``kvcal.ports.MetricsSource``. Each query is rendered from ``kvcal.core.analysis.promql`` for each role; the
-canary's query is stored with its measurement (the baseline's differs only in its label matchers). The Prometheus
-queried is the one the cluster admin configured that the spec picks (``kvcal.core.guard.policy.resolve_prometheus``),
-with its CA, client certificate and credentials; certificates are always verified. A Prometheus that cannot be used (no
-answer, TLS refused, credentials refused) gives one Error measurement (it counts toward consecutiveErrorLimit); a query
-that fails gives an Error measurement for that metric; an empty or NaN result is Inconclusive (decided by the core).
+Implements ``kvcal.ports.MetricsSource``. What to ask, and how the answers are judged, is the core's
+(``kvcal.core.analysis.plan``); this module runs the plan's queries and parses each answer into the plain values of its
+shape. The Prometheus queried is the one the cluster admin configured that the spec picks
+(``kvcal.core.guard.policy.resolve_prometheus``), with its CA, client certificate and credentials; certificates are
+always verified. A Prometheus that cannot be used (no answer, TLS refused, credentials refused) gives one Error
+measurement (it counts toward consecutiveErrorLimit); a query that fails gives an Error measurement for that metric;
+an empty or NaN result is Inconclusive (decided by the core).
 
 No answer's body reaches a measurement: errors say the HTTP status and a fixed description; the body goes to the
 operator's log, redacted.
@@ -16,38 +17,19 @@ import ssl
 from collections.abc import Callable
 from contextlib import closing
 from datetime import UTC, datetime
-from functools import partial
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import httpx
 
-from kvcal.core.analysis import promql
-from kvcal.core.analysis.capacity import KVCacheConfig, KVCacheReadings, parse_cache_config
-from kvcal.core.analysis.ranktest import (
-    FEWEST_INTERVALS,
-    IntervalBuckets,
-    assess_latency_check,
-    has_pod_reference,
-)
-from kvcal.core.analysis.saturation import Load, assess_saturation
-from kvcal.core.analysis.schedule import look_number
-from kvcal.core.analysis.verdict import (
-    Reading,
-    RequestCounts,
-    RequestGate,
-    assess_error_rate,
-    assess_latency,
-    assess_requests,
-    error_measurement,
-    informational,
-    latency_metric_name,
-    quantile_from_buckets,
-)
+from kvcal.core.analysis import plan, promql
+from kvcal.core.analysis.capacity import KVCacheReadings
+from kvcal.core.analysis.plan import Estimator
+from kvcal.core.analysis.verdict import error_measurement
 from kvcal.core.guard.policy import Policy, PrometheusAccess, resolve_prometheus
 from kvcal.core.guard.redact import redact
 from kvcal.core.timestamps import rfc3339
-from kvcal.models.spec import AnalysisSpec, LatencyCheck
+from kvcal.models.spec import AnalysisSpec
 from kvcal.models.status import Measurement
 
 log = logging.getLogger(__name__)
@@ -239,21 +221,13 @@ def interval_buckets(client: QueryClient, query: str) -> dict[float, list[tuple[
     return intervals
 
 
-def estimate(client: QueryClient, query: str, quantile: float) -> float | None:
-    points = buckets(client, query)
-    return quantile_from_buckets(quantile, points) if points else None
-
-
-Estimator = Literal["buckets", "histogram_quantile"]
-
-
 class PrometheusSource:
     """Measures one KVCalibration's baseline and canary; ``selector`` ties series to roles (see core.analysis.promql).
 
-    ``estimator="buckets"`` (default) reads the per-bucket rates and estimates quantiles with
-    ``quantile_from_buckets`` (unbiased ratios on vLLM's wide buckets); ``"histogram_quantile"`` asks Prometheus
-    for the quantile, as a Grafana panel would. ``policy``: the Prometheus servers the operator may query (chart
-    values policy.prometheus.*); a spec that picks none of them gets an Error measurement and nothing is fetched.
+    ``estimator`` (core.analysis.plan.Estimator): ``"buckets"`` (default) reads the per-bucket rates for kvcal's
+    quantile estimate, ``"histogram_quantile"`` asks Prometheus for the quantile, as a Grafana panel would.
+    ``policy``: the Prometheus servers the operator may query (chart values policy.prometheus.*); a spec that picks
+    none of them gets an Error measurement and nothing is fetched.
     """
 
     def __init__(
@@ -284,159 +258,54 @@ class PrometheusSource:
             )
         return self._connect(access)
 
-    def _pair(
-        self,
-        client: QueryClient,
-        build: Callable[[str], str],
-        read: Callable[[QueryClient, str], float | None] = scalar,
-    ) -> Reading:
-        baseline_query = build(self._selector.for_role("baseline"))
-        canary_query = build(self._selector.for_role("canary"))
-        return Reading(read(client, baseline_query), read(client, canary_query), canary_query)
-
-    def _latency(self, client: QueryClient, metric: str, quantile: float, window: str) -> Reading:
-        if self._estimator == "histogram_quantile":
-            return self._pair(client, lambda s: promql.render_latency(metric, quantile, s, window))
-        return self._pair(
-            client,
-            lambda s: promql.render_latency_buckets(metric, s, window),
-            lambda c, q: estimate(c, q, quantile),
-        )
-
-    def _rank(
-        self,
-        client: QueryClient,
-        spec: AnalysisSpec,
-        check: LatencyCheck,
-        windows: tuple[str, str, str | None],
-        look: int,
-        counts: RequestCounts,
-        at: str,
-    ) -> Measurement:
-        """The rank test: bucket counts of this interval (its quantiles, for people), of each pod over the step (the
-        test) and, where no role has two pods, of each full interval in the step less one interval (the replicates)."""
-        interval_window, step_window, step_less_one = windows
-
-        def counts_of(role: promql.Role) -> list[tuple[float, float]]:
-            selector = self._selector.for_role(role)
-            query = promql.render_latency_buckets(check.metric, selector, interval_window, "latency_counts")
-            return buckets(client, query)
-
-        def pods_of(role: promql.Role) -> list[list[tuple[float, float]]]:
-            return pod_buckets(client, pod_query(role))
-
-        def pod_query(role: promql.Role) -> str:
-            selector = self._selector.for_role(role)
-            return promql.render_latency_buckets(check.metric, selector, step_window, "latency_pod_counts")
-
-        def intervals_of(role: promql.Role) -> dict[float, list[tuple[float, float]]]:
-            if look <= FEWEST_INTERVALS or step_less_one is None:  # look k has k - 1 full intervals in the step
-                return {}
-            selector = self._selector.for_role(role)
-            window = promql.format_window(spec.interval_seconds)
-            return interval_buckets(
-                client, promql.render_interval_buckets(check.metric, selector, window, step_less_one)
-            )
-
-        pooled = (pods_of("baseline"), pods_of("canary"))
-        intervals: IntervalBuckets | None = None
-        if not has_pod_reference(*pooled):  # the step's intervals are the replicates
-            baseline, canary = intervals_of("baseline"), intervals_of("canary")
-            both = sorted(baseline.keys() & canary.keys())
-            intervals = ([baseline[moment] for moment in both], [canary[moment] for moment in both])
-        return assess_latency_check(
-            check, spec, (counts_of("baseline"), counts_of("canary")), pooled,
-            look=look, requests=counts, at=at, query=pod_query("canary"), intervals=intervals,
-        )  # fmt: skip
-
     def measure(
         self, spec: AnalysisSpec, window_seconds: float, step_seconds: float | None = None
     ) -> list[Measurement]:
         at = rfc3339(self._clock())
-        window = promql.format_window(window_seconds)
-        step_seconds = window_seconds if step_seconds is None else max(window_seconds, step_seconds)
-        step_window, look = promql.format_window(step_seconds), look_number(spec, step_seconds)
-        less_one = step_seconds - spec.interval_seconds
-        step_less_one = promql.format_window(less_one) if less_one >= 1 else None
+        windows = plan.windows(spec, window_seconds, step_seconds)
         try:
             client = self._client(spec)
         except Unreachable as exc:
-            return [error_measurement("prometheus", str(exc), at=at)]
+            return [error_measurement(plan.UNUSABLE, str(exc), at=at)]
         with closing(client):
-            return self._measure(client, spec, (window, step_window, step_less_one), look, at)
-
-    def _measure(
-        self, client: QueryClient, spec: AnalysisSpec, windows: tuple[str, str, str | None], look: int, at: str
-    ) -> list[Measurement]:
-        window = windows[0]
-        out: list[Measurement] = []
-        try:
-            b, c, q = self._pair(client, lambda s: promql.render_named("requests", s, window))
-        except Unreachable as exc:
-            return [error_measurement("prometheus", str(exc), at=at)]
-        except QueryError as exc:
-            return [error_measurement("requests", str(exc), at=at)]
-        counts = RequestCounts(b, c)
-        gate = RequestGate(counts, spec.min_requests)
-        out.append(assess_requests(counts, min_requests=spec.min_requests, at=at, query=q))
-        for check in spec.latency:
-            name = latency_metric_name(check)
-            try:
-                if check.test == "rank":
-                    out.append(self._rank(client, spec, check, windows, look, counts, at))
-                    continue
-                reading = self._latency(client, check.metric, check.quantile, window)
-            except (Unreachable, QueryError) as exc:
-                out.append(error_measurement(name, str(exc), at=at))
-                continue
-            out.append(assess_latency(check, reading, gate=gate, at=at))
-        named = (("errorRate", "error_rate"), ("preemptions", "preemptions"), ("kvCacheUsage", "kv_cache_usage"))
-        for metric, template in named:
-            try:
-                reading = self._pair(client, partial(promql.render_named, template, window=window))
-            except (Unreachable, QueryError) as exc:
-                out.append(error_measurement(metric, str(exc), at=at))
-                continue
-            if metric == "errorRate":
-                out.append(assess_error_rate(spec.max_error_rate, reading, gate=gate, at=at))
-            else:
-                out.append(informational(metric, reading.baseline, reading.canary, at=at, query=reading.query))
-        if spec.saturation.mode != "disabled":
-            out += self._saturation(client, spec, window, counts, at)
-        return out
-
-    def _saturation(
-        self, client: QueryClient, spec: AnalysisSpec, window: str, counts: RequestCounts, at: str
-    ) -> list[Measurement]:
-        values: dict[str, tuple[float | None, float | None]] = {}
-        queries: dict[str, str | None] = {}
-        templates = {"running": "requests_running", "waiting": "requests_waiting", "preemptions": "preemptions"}
-        for key, template in templates.items():
-            try:
-                b, c, queries[key] = self._pair(client, partial(promql.render_named, template, window=window))
-            except (Unreachable, QueryError) as exc:
-                return [error_measurement("saturation", str(exc), at=at)]
-            values[key] = (b, c)
-
-        def load(role: int, requests: float | None) -> Load:
-            return Load(values["running"][role], values["waiting"][role], values["preemptions"][role], requests)
-
-        baseline, canary = load(0, counts.baseline), load(1, counts.canary)
-        return assess_saturation(
-            spec.saturation, baseline, canary, min_requests=spec.min_requests, at=at, queries=queries
-        )
+            measuring = plan.analysis_plan(spec, self._selector, windows, self._estimator)
+            return plan.measurements(spec, measuring, run_plan(client, measuring), at)
 
     def kv_cache(self, spec: AnalysisSpec) -> KVCacheReadings:
         """The KV cache configuration each role's pods report (vllm:cache_config_info)."""
-        configs: list[tuple[KVCacheConfig, ...]] = []
-        query = ""
-        roles: tuple[promql.Role, ...] = ("baseline", "canary")
         try:
-            with closing(self._client(spec)) as client:
-                for role in roles:
-                    query = promql.render_kv_cache_config(self._selector.for_role(role))
-                    parsed = (parse_cache_config(labels) for labels in series_labels(client, query))
-                    configs.append(tuple(config for config in parsed if config is not None))
+            client = self._client(spec)
+        except Unreachable as exc:
+            return KVCacheReadings(query="", error=str(exc))
+        with closing(client):
+            asking = plan.kv_cache_plan(self._selector)
+            return plan.kv_cache_readings(asking, run_plan(client, asking))
+
+
+def run_plan(client: QueryClient, planned: plan.Plan) -> plan.Answers:
+    """Each query the plan still needs, in order, its answer parsed by its shape; a failure is recorded, not raised."""
+    answers = plan.Answers()
+    for query in planned.queries:
+        if not plan.needed(query, answers):
+            continue
+        try:
+            _ask(client, query, answers)
         except (Unreachable, QueryError) as exc:
-            return KVCacheReadings(query=query, error=str(exc))
-        return KVCacheReadings(baseline=configs[0], canary=configs[1], query=query)
+            failure = plan.Failure(query.expression, str(exc), unusable=isinstance(exc, Unreachable))
+            answers.failures[query.feeds] = failure
+    return answers
+
+
+def _ask(client: QueryClient, query: plan.Query, answers: plan.Answers) -> None:
+    name, expression = query.name, query.expression
+    match query.shape:
+        case "value":
+            answers.values[name] = scalar(client, expression)
+        case "buckets":
+            answers.buckets[name] = buckets(client, expression)
+        case "pod_buckets":
+            answers.pod_buckets[name] = pod_buckets(client, expression)
+        case "interval_buckets":
+            answers.interval_buckets[name] = interval_buckets(client, expression)
+        case "labels":
+            answers.labels[name] = series_labels(client, expression)
