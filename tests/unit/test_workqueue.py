@@ -136,3 +136,23 @@ def test_timed_passes_are_paced_shortest_requested_delay_first() -> None:
     assert names[:5] == [f"analysis-{i}" for i in range(5)], names
     span = started[-1][1] - started[0][1]
     assert span >= 9 / RESYNC_PER_SECOND * 0.9, span
+
+
+def test_waiting_spawns_no_task_so_a_stopping_operator_has_none_to_wait_for() -> None:
+    """kopf, stopping, gives every task born after it started 5 s before cancelling it: the queue's timer and
+    workers are born before kopf starts (handlers.operator), and their waits must not spawn tasks of their own."""
+
+    async def main() -> set[asyncio.Task[object]]:
+        done: list[str] = []
+        queue = WorkQueue(lambda ns, name: done.append(name) or 0.01)  # each pass asks for another soon
+        runner = asyncio.ensure_future(queue.run())
+        await asyncio.sleep(0)  # the queue spawns its timer and workers
+        born_first = asyncio.all_tasks()
+        queue.wake("ns", "a")
+        await until(lambda: len(done) >= 5)  # woken, then timed passes: every kind of wait has been waited
+        later = asyncio.all_tasks() - born_first
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        return later
+
+    assert asyncio.run(main()) == set()

@@ -190,6 +190,9 @@ async def _with_queue(
 
         notifier.listen(wake)
     workers = asyncio.ensure_future(queue.run())
+    # Let the queue spawn its timer and workers before kopf starts: kopf counts every task born after it started
+    # as its own and, stopping, waits 5 s for those it did not cancel (ours are stopped below, after kopf).
+    await asyncio.sleep(0)
     try:
         await operator
     finally:
