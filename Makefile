@@ -49,12 +49,16 @@ argocd:
 gateway:
 	bash hack/build-gateway.sh
 
-# The gateway build needs only Go and the module proxy, so it runs in the background beside the other steps: a cold
-# `make deps` waits for the longest build (Argo CD's), not for their sum. Its log is shown when it fails.
+# The gateway build needs only Go and the module proxy, and the venv only PyPI (downloads, mostly waiting on the
+# network), so both run in the background beside the Go builds and the apt installs (which stay in sequence: apt
+# takes one lock): a cold `make deps` waits for the longest chain, not for the sum. A failed background log is shown.
 deps:
 	@mkdir -p "$(KVCAL_CACHE)"
 	@bash hack/build-gateway.sh > "$(KVCAL_CACHE)/gateway-build.log" 2>&1 & gateway=$$!; \
-	$(MAKE) --no-print-directory venv control-plane inference-crds prometheus argocd oci; rc=$$?; \
+	$(MAKE) --no-print-directory venv > "$(KVCAL_CACHE)/venv-setup.log" 2>&1 & venv=$$!; \
+	$(MAKE) --no-print-directory control-plane inference-crds prometheus argocd oci; rc=$$?; \
+	if ! wait $$venv; then cat "$(KVCAL_CACHE)/venv-setup.log" >&2; exit 1; fi; \
+	cat "$(KVCAL_CACHE)/venv-setup.log"; \
 	if ! wait $$gateway; then cat "$(KVCAL_CACHE)/gateway-build.log" >&2; exit 1; fi; \
 	cat "$(KVCAL_CACHE)/gateway-build.log"; exit $$rc
 
