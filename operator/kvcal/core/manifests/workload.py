@@ -4,8 +4,11 @@ Both kinds are apps/v1 and share `replicas`, `selector` and `template`: the cana
 (core.manifests.canary) and promotion applies the same template fields (core.manifests.promotion) whatever the kind.
 The rest is the kind's own:
 
-- **Deployment.** The canary copies the baseline's `strategy`. Promotion applies a rolling update that never drops
-  below the ready replicas (maxUnavailable 0, the baseline's maxSurge).
+- **Deployment.** The canary copies the baseline's `strategy`. Promotion keeps the baseline's own way of rolling
+  where it has spare room: a rolling update with surge becomes one that never drops below the ready replicas
+  (maxUnavailable 0, the baseline's maxSurge). Where it has none, the promotion names no strategy and the baseline
+  rolls as its owner set it: `Recreate`, or a rolling update with maxSurge 0 (common where GPUs are tight; there
+  maxUnavailable 0 would be refused by the API server, and a surge would need GPUs the cluster lacks).
 - **StatefulSet.** The canary copies `serviceName`, `podManagementPolicy`, `minReadySeconds` and
   `volumeClaimTemplates` (a template that mounts a claim template's volume needs it), but not `updateStrategy`: the
   canary is kvcal's, and its pods always follow its template (an OnDelete canary would keep an outdated one). Its pods
@@ -51,5 +54,13 @@ def promotion_rollout_fields(kind: WorkloadKind, baseline: Manifest) -> Manifest
     """The rollout fields the promotion applies beside the template (see the module docstring)."""
     if kind == "StatefulSet":
         return {"updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}}
-    surge = baseline["spec"].get("strategy", {}).get("rollingUpdate", {}).get("maxSurge", 1)
+    strategy = baseline["spec"].get("strategy") or {}
+    surge = (strategy.get("rollingUpdate") or {}).get("maxSurge", 1)
+    if strategy.get("type") == "Recreate" or _is_zero(surge):
+        return {}
     return {"strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": surge}}}
+
+
+def _is_zero(value: object) -> bool:
+    """An int-or-string that means no pod: 0, "0" or "0%"."""
+    return str(value).strip().removesuffix("%") in ("0", "")

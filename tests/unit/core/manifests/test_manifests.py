@@ -327,6 +327,34 @@ def test_promotion_never_drops_below_ready_replicas_and_is_idempotent() -> None:
     assert "ownerReferences" not in applied["metadata"]  # the baseline is never owned (deleting us keeps it)
 
 
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        {"type": "Recreate"},
+        {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+        {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "0%", "maxUnavailable": "25%"}},
+    ],
+    ids=["recreate", "surge-0", "surge-0-percent"],
+)
+def test_promotion_keeps_a_baseline_strategy_without_room_to_surge(strategy: dict[str, Any]) -> None:
+    """Where GPUs are tight the owner rolls without surge (or recreates): the promotion names no strategy, so the
+    baseline rolls as it always does (maxUnavailable 0 beside maxSurge 0 is refused by the API server)."""
+    baseline = baseline_manifest()
+    baseline["spec"]["strategy"] = strategy
+    applied = build_promoted_baseline(OWNER, SPEC, H, baseline)
+    assert "strategy" not in applied["spec"] and applied["spec"]["template"]["spec"]["containers"]
+
+
+def test_promotion_keeps_the_baselines_surge_when_it_has_one() -> None:
+    baseline = baseline_manifest()
+    baseline["spec"]["strategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "50%", "maxUnavailable": 2}}
+    applied = build_promoted_baseline(OWNER, SPEC, H, baseline)
+    assert applied["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": "50%"},
+    }
+
+
 def test_promotion_names_only_the_fields_kvcal_owns() -> None:
     """Server-side apply makes every named field kvcal's: the image, ports, resources and the baseline's own volumes
     stay with their owner (Git), so Argo CD's managedFieldsManagers: [kvcal] ignores nothing else."""
