@@ -1,4 +1,4 @@
-"""Does the canary get the share of requests its router was told to give it? (issue 25, item 2's share check)
+"""Does the canary get the share of requests its router was told to give it?
 
 Each interval the Prometheus adapter already counts both roles' requests from vLLM's own counters (the ``requests``
 measurement, core.analysis.promql's ``requests`` query). If every request went to the canary with probability w (the
@@ -7,6 +7,11 @@ at least ``MIN_REQUESTS`` requests, is an Error measurement that says so: the ro
 (a Service that also selects the canary's pods, a gateway that ignores backendRef weights, an edit kvcal has not
 seen yet), so nothing this interval measured can be trusted as a comparison at that weight. Never a pass, never a
 Failed verdict on the canary itself.
+
+With a mirror (the shadow stage: weight 0, a copy of mirror% of the baseline's requests sent to the canary, whose
+answers nobody sees) the canary also counts the copies: of N user requests the baseline answers (1 - w)N, the
+canary wN plus m(1 - w)N copies, so its expected share of all counted requests is (w + m(1 - w)) / (1 + m(1 - w)):
+half at a 100% mirror, and 0 only without one.
 
 Skipped under ``router: none`` (the canary gets no user traffic by design; the probes' and tests' load is all it
 sees), when the counts are missing (the ``requests`` measurement is then Inconclusive already), and while the
@@ -37,7 +42,15 @@ def wilson_interval(successes: float, trials: float, z: float = _Z) -> tuple[flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def assess_share(requests: Measurement | None, weight: int, router: Router, *, at: str) -> Measurement | None:
+def expected_share(weight: int, mirror: int = 0) -> float:
+    """The canary's expected fraction of the requests both roles count, at `weight` and `mirror` (percent)."""
+    w, copies = weight / 100, mirror / 100 * (1 - weight / 100)
+    return (w + copies) / (1 + copies)
+
+
+def assess_share(
+    requests: Measurement | None, weight: int, router: Router, *, at: str, mirror: int = 0
+) -> Measurement | None:
     """The share check of one interval from its ``requests`` measurement, or None when it does not apply."""
     if router == "none" or requests is None or requests.baseline is None or requests.canary is None:
         return None
@@ -46,11 +59,14 @@ def assess_share(requests: Measurement | None, weight: int, router: Router, *, a
     if total < MIN_REQUESTS:
         return None
     low, high = wilson_interval(canary, total)
-    expected = weight / 100
+    expected = expected_share(weight, mirror)
     observed = canary / total
+    told = f"its weight is {weight}%" + (
+        f" and it receives a {mirror}% mirror (expected {100 * expected:.1f}%)" if mirror else ""
+    )
     summary = (
         f"the canary answered {100 * observed:.1f}% of {total:.0f} requests (99.9% interval "
-        f"{100 * low:.1f}-{100 * high:.1f}%), its weight is {weight}%"
+        f"{100 * low:.1f}-{100 * high:.1f}%), {told}"
     )
     if low <= expected <= high:
         return Measurement(
@@ -65,12 +81,12 @@ def assess_share(requests: Measurement | None, weight: int, router: Router, *, a
 
 
 def with_share(
-    new: list[Measurement], weight: int, router: Router, at: str, *, window_within_step: bool = True
+    new: list[Measurement], weight: int, router: Router, at: str, *, window_within_step: bool = True, mirror: int = 0
 ) -> list[Measurement]:
     """An interval's measurements plus the share check, when the interval has a ``requests`` measurement counted
     entirely at this step's weight (`window_within_step`)."""
     if not window_within_step:
         return new
     requests = next((m for m in new if m.metric == "requests"), None)
-    checked = assess_share(requests, weight, router, at=at)
+    checked = assess_share(requests, weight, router, at=at, mirror=mirror)
     return [*new, checked] if checked is not None else new

@@ -134,7 +134,8 @@ def analyzing(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> Non
     window = timedelta(seconds=spec.analysis.interval_seconds)
     at_weight = started is not None and draft.now - parse_rfc3339(started) >= window
     weight, router = draft.status.canary.weight, spec.serving.traffic.router
-    measured = with_share(measured, weight, router, at, window_within_step=at_weight)
+    mirror = draft.status.canary.mirror  # the shadow stage: the canary also answers the mirrored copies
+    measured = with_share(measured, weight, router, at, window_within_step=at_weight, mirror=mirror)
     # Recorded with an assessed interval only: a pass with nothing new writes no status (no self-triggered loop).
     capacity = capacity_status(readings, at) if readings and measured else None
     if capacity is not None:

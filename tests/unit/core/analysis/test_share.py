@@ -5,7 +5,14 @@ from datetime import timedelta
 
 import pytest
 
-from kvcal.core.analysis.share import CONFIDENCE, MIN_REQUESTS, assess_share, wilson_interval, with_share
+from kvcal.core.analysis.share import (
+    CONFIDENCE,
+    MIN_REQUESTS,
+    assess_share,
+    expected_share,
+    wilson_interval,
+    with_share,
+)
 from kvcal.core.analysis.verdict import RequestCounts, assess_requests, interval_phase
 from kvcal.core.decide import decide
 from kvcal.core.timestamps import rfc3339
@@ -89,3 +96,40 @@ def test_decide_checks_the_share_once_a_window_lies_within_the_step(since_weight
     d = decide(s, status, obs, NOW)
     shares = [m for m in d.status.analysis.measurements if m.metric == "trafficShare"]
     assert [(m.phase, m.threshold) for m in shares] == ([("Error", 0.33)] if checked else [])
+
+
+@pytest.mark.parametrize(
+    ("weight", "mirror", "share"), [(0, 0, 0.0), (0, 100, 0.5), (50, 0, 0.5), (0, 50, 1 / 3), (10, 100, 1.0 / 1.9)]
+)
+def test_the_expected_share_counts_the_mirrored_copies(weight: int, mirror: int, share: float) -> None:
+    # At weight 10% and a 100% mirror the canary answers 0.1 + 0.9 (copies) of 1.9 counted requests per user request.
+    assert expected_share(weight, mirror) == pytest.approx(share)
+
+
+def test_a_shadow_stage_passes_the_share_check_under_mirrored_traffic() -> None:
+    """Weight 0 and a 100% mirror: the canary answers a copy of every request, half of all it counts. Without the
+    mirror in the check, every interval of 100+ requests was an Error and the stage could not pass."""
+    mirrored = assess_share(requests(500, 480), 0, "gateway-api", at=AT, mirror=100)
+    assert mirrored is not None and mirrored.phase == "Successful" and "100% mirror" in mirrored.message
+    not_mirroring = assess_share(requests(980, 0), 0, "gateway-api", at=AT, mirror=100)  # the gateway drops the copies
+    assert not_mirroring is not None and not_mirroring.phase == "Error"
+    assert assess_share(requests(500, 480), 0, "gateway-api", at=AT).phase == "Error"  # type: ignore[union-attr]
+
+
+def test_decide_passes_the_mirror_of_the_shadow_stage_to_the_share_check() -> None:
+    s = spec(
+        serving={
+            "baseline": {"deployment": "llm", "service": "llm"},
+            "traffic": {"router": "gateway-api", "httpRoute": "llm", "steps": [50], "shadow": {"percent": 100}},
+        }
+    )
+    status = started(Phase.ANALYZING).model_copy(
+        update={
+            "canary": CanaryStatus(deployment="smollm2-canary", weight=0, mirror=100, step_index=0),
+            "analysis": AnalysisStatus(started_at=rfc3339(NOW - timedelta(seconds=60))),
+        }
+    )
+    obs = observations(baseline=baseline(2), canary=baseline(1), measurements=(requests(400, 410),))
+    d = decide(s, status, obs, NOW)
+    shares = [m for m in d.status.analysis.measurements if m.metric == "trafficShare"]
+    assert [(m.phase, m.threshold) for m in shares] == [("Successful", 0.5)]
