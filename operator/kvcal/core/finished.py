@@ -64,6 +64,6 @@ def start_over(draft: Builder, reason: str, message: str) -> None:
     )
     for step in ("Calibrated", "ScalesVerified", "CanaryReady", "AnalysisPassed", "Promoted"):
         draft.condition(step, "Unknown", reason, message)
-    for optional in ("SpecCurrent", "ServingVerified"):
+    for optional in ("SpecCurrent", "ServingVerified", "CalibrationCurrent"):
         if get_condition(draft.status.conditions, optional) is not None:
             draft.condition(optional, "Unknown", reason, message)

@@ -11,7 +11,7 @@ from kvcal.models.markers import kube
 
 MAX_MEASUREMENTS = 48  # six intervals of the default checks (8 measurements each): enough to see why a run failed
 MAX_HISTORY = 20
-MAX_CONDITIONS = 16  # room beside the nine ConditionType values
+MAX_CONDITIONS = 16  # room beside the ten ConditionType values
 # Delivered notifications: one per transition still in history (and the one before) per webhook target, at most
 # MAX_WEBHOOKS (chart values notifications.webhooks); core.notifications trims to this.
 MAX_WEBHOOKS = 8
@@ -48,6 +48,7 @@ ConditionType = Literal[
     "Ready",
     "ServingVerified",
     "SpecCurrent",
+    "CalibrationCurrent",
     "ReconcileError",
 ]
 
@@ -327,7 +328,8 @@ class KVCalibrationStatus(Model):
         description=(
             "Calibrated, ScalesVerified, CanaryReady, AnalysisPassed, Promoted, Ready; when they apply: "
             "ServingVerified (the promoted baseline's image/backend re-verified), SpecCurrent (a spec change "
-            "after a terminal phase), ReconcileError (the last reconcile pass failed)."
+            "after a terminal phase), CalibrationCurrent (after a promotion: False when the baseline serves a longer "
+            "context than was calibrated), ReconcileError (the last reconcile pass failed)."
         ),
     )
     calibration: CalibrationStatus = Field(

@@ -221,3 +221,45 @@ def test_new_baseline_image_reverifies_in_that_image() -> None:
 def test_a_baseline_no_longer_promoted_is_not_watched() -> None:
     d = decide(spec(), succeeded(), observations(baseline=baseline()), NOW)
     assert d.status.serving == ServingStatus() and not d.actions
+
+
+def calibrated_for(tokens: int) -> KVCalibrationStatus:
+    """Succeeded, with the served context the calibration was judged against."""
+    status = succeeded()
+    return status.model_copy(
+        update={"calibration": status.calibration.model_copy(update={"served_context_tokens": tokens})}
+    )
+
+
+def with_max_model_len(state: DeploymentState, tokens: str) -> DeploymentState:
+    manifest = state.manifest
+    container = manifest["spec"]["template"]["spec"]["containers"][0]
+    container["args"] = [*container["args"], "--max-model-len", tokens]
+    return replace(state, manifest=manifest)
+
+
+def test_a_context_raised_past_the_calibrated_one_is_reported_once_and_nothing_rerolls() -> None:
+    calibrated = calibrated_for(8192)
+    start = decide(spec(), calibrated, observations(baseline=with_max_model_len(promoted(spec()), "8192")), NOW).status
+    assert get_condition(start.conditions, "CalibrationCurrent") is None  # within what was calibrated: nothing to say
+
+    raised = with_max_model_len(promoted(spec()), "32k")
+    d = decide(spec(), start, observations(baseline=raised), NOW)
+    status, reason, message = condition(d.status, "CalibrationCurrent")
+    assert (status, reason) == ("False", "ContextRaised")
+    assert "--max-model-len 32000" in message and "8192" in message and f"kvcal recalibrate {OWNER.name}" in message
+    assert [(e.type, e.reason) for e in d.events] == [("Warning", "CalibrationNotCurrent")]
+    assert d.status.phase == P.SUCCEEDED and not d.actions  # no re-rollout, no Job
+    again = decide(spec(), d.status, observations(baseline=raised), NOW)
+    assert not again.events and condition(again.status, "CalibrationCurrent")[:2] == ("False", "ContextRaised")
+
+    lowered = decide(spec(), again.status, observations(baseline=with_max_model_len(promoted(spec()), "4096")), NOW)
+    assert condition(lowered.status, "CalibrationCurrent")[:2] == ("True", "Current")
+
+
+def test_an_unknown_calibrated_context_or_a_reverted_baseline_says_nothing() -> None:
+    raised = with_max_model_len(promoted(spec()), "32768")
+    unknown = decide(spec(), succeeded(), observations(baseline=raised), NOW)  # no servedContextTokens recorded
+    assert get_condition(unknown.status.conditions, "CalibrationCurrent") is None
+    reverted = decide(spec(), calibrated_for(8192), observations(baseline=with_max_model_len(baseline(), "32768")), NOW)
+    assert get_condition(reverted.status.conditions, "CalibrationCurrent") is None

@@ -7,7 +7,7 @@ from typing import get_args
 from kvcal.core.timestamps import rfc3339
 from kvcal.models.status import Condition, ConditionType
 
-# The order of a status's conditions: ConditionType's. The first six are always there; the last three are set only
+# The order of a status's conditions: ConditionType's. The first six are always there; the last four are set only
 # when they apply (after a promotion, on a spec change in a terminal phase, after a failed pass).
 CONDITION_ORDER: tuple[ConditionType, ...] = get_args(ConditionType)
 CONDITION_TYPES, OPTIONAL_CONDITION_TYPES = CONDITION_ORDER[:6], CONDITION_ORDER[6:]
