@@ -120,3 +120,23 @@ def prepare_output(config: CalibrationConfig) -> None:
             shutil.rmtree(entry)
         else:
             entry.unlink()
+
+
+def check_attention(model_dir: Path) -> None:
+    """Refuse, before the weights load, a model whose attention the KV cache hook cannot take (e.g. GPT-NeoX's fused
+    query_key_value): the calibration pass would otherwise run to its end and find no K/V to scale. The model is
+    built on the meta device from its config (no weights, no memory)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from kvcal.calibrator.taps import uncalibratable
+
+    try:
+        config = AutoConfig.from_pretrained(model_dir)
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
+    except (OSError, ValueError, KeyError, TypeError, NotImplementedError):
+        return  # the model load reports what is wrong with it, in its own words
+    why = uncalibratable(skeleton)
+    if why is not None:
+        raise InputError(f"model {model_dir}: {why}")

@@ -33,7 +33,14 @@ from kvcal.calibrator.placement import (
     visible_accelerators,
     working_bytes,
 )
-from kvcal.calibrator.preflight import InputError, ModelInfo, check_lengths, check_output, inspect_model
+from kvcal.calibrator.preflight import (
+    InputError,
+    ModelInfo,
+    check_attention,
+    check_lengths,
+    check_output,
+    inspect_model,
+)
 from kvcal.calibrator.preflight import prepare_output as _prepare_output
 from kvcal.calibrator.recipe import choose_pipeline, read_query_scales, read_scales, run_oneshot
 from kvcal.calibrator.report import (
@@ -156,7 +163,8 @@ def preflight(config: CalibrationConfig) -> tuple[ModelInfo, Any, DataPlan]:
     info = inspect_model(config.model_dir)
     check_lengths(config, info)
     check_output(config, info)
-    parsed = read_data(config)  # malformed lines fail here, before the (slow) tokenizer import
+    parsed = read_data(config)  # malformed lines fail here, before the (slow) modeling and tokenizer imports
+    check_attention(config.model_dir)
     from transformers import AutoTokenizer
 
     try:

@@ -105,9 +105,27 @@ class Tap:
 
 
 def attention_layers(model: nn.Module) -> list[nn.Module]:
-    """Attention modules in layer order (modules with a `layer_idx` and k_proj/v_proj)."""
-    found = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "k_proj") and hasattr(m, "v_proj")]
+    """Attention modules in layer order: the ones compressed-tensors' KV cache hook takes (its own rule: an attention
+    module with k/v, fused qkv or latent kv projections whose forward receives the cache), with a `layer_idx`.
+    Matching projection names here instead missed fused ones (Phi-3's qkv_proj): no layer was observed."""
+    from compressed_tensors.quantization import is_cached_attention_module
+
+    found = [m for m in model.modules() if hasattr(m, "layer_idx") and is_cached_attention_module(m)]
     return sorted(found, key=layer_index)
+
+
+def uncalibratable(model: nn.Module) -> str | None:
+    """Why no K/V scale of `model` can be calibrated (None when its attention layers are found): one line naming the
+    architecture and its attention modules."""
+    if attention_layers(model):
+        return None
+    named = sorted({type(m).__name__ for m in model.modules() if "attention" in type(m).__name__.lower()})
+    modules = ", ".join(named) or "none found"
+    return (
+        f"{type(model).__name__}: no attention layer that compressed-tensors' KV cache hook can take (attention "
+        f"modules: {modules}; it needs k_proj/v_proj, qkv_proj or kv_b_proj and a forward that receives the KV "
+        "cache), so no K/V scale can be calibrated for it"
+    )
 
 
 def layer_index(attn: nn.Module) -> int:
