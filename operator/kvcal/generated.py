@@ -112,15 +112,17 @@ def stale(root: Path = REPO, lifecycle: Lifecycle = LIFECYCLE) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvcal.generated", description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when a generated file is stale")
+    parser.add_argument("--root", type=Path, default=REPO, help="the repository (default: this checkout)")
     args = parser.parse_args(argv)
     if args.check:
-        behind = stale()
+        behind = stale(args.root)
         for path in behind:
             print(f"{path} is stale: run python -m kvcal.generated", file=sys.stderr)
         return 1 if behind else 0
-    for path, (current, generated) in render_all().items():
+    for path, (current, generated) in render_all(args.root).items():
         if current != generated:
-            (REPO / path).write_text(generated)
+            (args.root / path).parent.mkdir(parents=True, exist_ok=True)
+            (args.root / path).write_text(generated)
             print(f"wrote {path}")
     return 0
 

@@ -1,16 +1,13 @@
 """The KVCalibration CRD, generated from the pydantic models: one schema source for the API server and the operator.
 
-python -m kvcal.generated           # rewrite crds/, the chart's copy and every other generated file
-python -m kvcal.models.crd --check   # exit 1 when either CRD file is stale
+`python -m kvcal.generated` writes crds/ and the chart's copy with every other generated file (`--check`: stale?).
 
 Types, descriptions, enums, bounds, patterns, defaults and required lists come from the models' fields; CEL rules,
 list types and operator-only enums from the markers beside them (kvcal.models.markers). What is not per field (names,
 printer columns) is declared here. The output is a structural schema: no $ref, no anyOf, no title, no null.
 """
 
-import argparse
 import inspect
-import sys
 import types
 from collections.abc import Mapping, Sequence
 from enum import Enum
@@ -266,29 +263,3 @@ def _ordered(schema: Schema) -> Schema:
     if unknown:
         raise TypeError(f"unexpected schema keys {sorted(unknown)}")
     return {key: schema[key] for key in KEY_ORDER if key in schema}
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="exit 1 if a committed CRD is not the generated one")
-    parser.add_argument("--root", type=Path, default=REPO, help="the repository (default: this checkout)")
-    args = parser.parse_args(argv)
-    expected = render(build())
-    if args.check:
-        committed = {target: _read(args.root / target) for target in TARGETS}
-        problems = stale(committed, expected)
-        for problem in problems:
-            print(problem, file=sys.stderr)
-        return 1 if problems else 0
-    for target in TARGETS:
-        (args.root / target).write_text(expected)
-        print(f"wrote {target}")
-    return 0
-
-
-def _read(path: Path) -> str | None:
-    return path.read_text() if path.is_file() else None
-
-
-if __name__ == "__main__":
-    sys.exit(main())
