@@ -46,9 +46,10 @@ from typing import Literal
 
 import numpy as np
 
+from kvcal.core.analysis.fleetnoise import FleetNoise, learn_noise
 from kvcal.core.analysis.histograms import Buckets
 from kvcal.core.analysis.podspread import spread_of, spread_z
-from kvcal.core.analysis.ranktest import IntervalBuckets, design
+from kvcal.core.analysis.ranktest import FEWEST_INTERVALS, IntervalBuckets, design
 from kvcal.core.analysis.ranktest import assess_latency_check as operator_check
 from kvcal.core.analysis.verdict import AnalysisVerdict, RequestCounts, assess_requests, assess_run
 from kvcal.models.spec import AnalysisSpec, LatencyCheck
@@ -124,6 +125,11 @@ class Pods:
     canary: int = 1
     own: float = 0.0  # lognormal sigma of each pod's own per-interval load (its queue, its batch mix)
     node: float = NODE_SIGMA  # lognormal sigma of each pod's fixed offset (its node)
+    canary_own: float | None = None  # the canary pods' own load where it differs from the baseline's (a noisier one)
+
+    @property
+    def canary_load(self) -> float:
+        return self.own if self.canary_own is None else self.canary_own
 
 
 TODAY = Pods()
@@ -147,6 +153,8 @@ class Side:
 class Simulation:
     baseline: Side
     canary: Side
+    baseline_nodes: np.ndarray  # runs x 1 x pods: each baseline pod's node offset (its history shares it)
+    noise: list[FleetNoise | str] = field(default_factory=list)  # per run: the noise learned from its history
 
 
 def side(rng: np.random.Generator, scenario: Scenario, n: np.ndarray, scale: np.ndarray, tail: float) -> Side:
@@ -182,17 +190,45 @@ def simulate(
     load = np.exp(rng.normal(0.0, LOAD_SIGMA, (runs, MAX_INTERVALS, 1)))  # shared by every pod of both roles
     uniform = REGRESSION if regressed and not scenario.tail_only else 1.0
     tail = 1.5 if regressed and scenario.tail_only else 1.0
-    roles = []
-    for count, requests, factor in ((pods.baseline, canary * BASELINE_SHARE, 1.0), (pods.canary, canary, uniform)):
+    roles, nodes = [], []
+    for count, requests, factor, sigma in ((pods.baseline, canary * BASELINE_SHARE, 1.0, pods.own),
+                                           (pods.canary, canary, uniform, pods.canary_load)):  # fmt: skip
         n = rng.poisson(requests / count, (runs, MAX_INTERVALS, count))
         node = np.exp(rng.normal(0.0, pods.node, (runs, 1, count)))
-        own = np.exp(rng.normal(0.0, pods.own, (runs, MAX_INTERVALS, count)))
+        own = np.exp(rng.normal(0.0, sigma, (runs, MAX_INTERVALS, count)))
         roles.append((n, load * node * own * factor))
+        nodes.append(node)
     (n_baseline, baseline_scale), (n_canary, canary_scale) = roles
     return Simulation(
         baseline=side(rng, scenario, n_baseline, baseline_scale, 1.0),
         canary=side(rng, scenario, n_canary, canary_scale, tail),
+        baseline_nodes=nodes[0],
     )
+
+
+def learn_history(
+    rng: np.random.Generator, scenario: Scenario, sim: Simulation, canary: float, pods: Pods, intervals: int
+) -> None:
+    """``intervals`` sampled past intervals of the baseline's pods (their node offsets, shared load and own load
+    drawn as in the rollout, bucket counts drawn from the scenario's distribution), and the noise the operator's
+    ``learn_noise`` reads from them, one per run into ``sim.noise``."""
+    runs, count = sim.baseline_nodes.shape[0], pods.baseline
+    load = np.exp(rng.normal(0.0, LOAD_SIGMA, (runs, intervals, 1)))
+    own = np.exp(rng.normal(0.0, pods.own, (runs, intervals, count)))
+    factor = (load * own * sim.baseline_nodes).ravel()
+    n = rng.poisson(canary * BASELINE_SHARE / count, factor.shape)
+    reference = np.sort(scenario.draw(np.random.default_rng(2), 200_000))
+    below = np.searchsorted(reference, scenario.bounds[None, :] / factor[:, None], side="right") / len(reference)
+    probabilities = np.diff(np.concatenate([np.zeros((len(factor), 1)), below, np.ones((len(factor), 1))], axis=1))
+    counts = rng.multinomial(n, probabilities).reshape(runs, intervals, count, -1)
+    names = [f"pod-{pod}" for pod in range(count)]
+    sim.noise = [
+        learn_noise([
+            {name: as_buckets(counts[run, past, pod], scenario.bounds) for pod, name in enumerate(names)}
+            for past in range(intervals)
+        ])
+        for run in range(runs)
+    ]  # fmt: skip
 
 
 def as_buckets(counts: np.ndarray, bounds: np.ndarray) -> Buckets:
@@ -210,10 +246,10 @@ def ended(verdict: AnalysisVerdict) -> str:
     return "Inconclusive" if inconclusive else verdict.outcome
 
 
-def full_intervals(sim: Simulation, run: int, interval: int) -> IntervalBuckets | None:
-    """What the operator fetches where no role has two pods: the step's full intervals before the last (Prometheus'
-    aligned windows inside the step: one fewer than the looks)."""
-    if max(sim.baseline.pods.shape[2], sim.canary.pods.shape[2]) > 1:
+def full_intervals(sim: Simulation, run: int, interval: int, learned: bool = False) -> IntervalBuckets | None:
+    """What the operator fetches where no role has two pods, or the noise was learned (the guard reads them): the
+    step's full intervals before the last (Prometheus' aligned windows inside the step: one fewer than the looks)."""
+    if max(sim.baseline.pods.shape[2], sim.canary.pods.shape[2]) > 1 and not learned:
         return None
     baseline, canary = (
         [as_buckets(each, role.bounds) for each in role.counts[run, 1 : interval + 1]]
@@ -222,13 +258,15 @@ def full_intervals(sim: Simulation, run: int, interval: int) -> IntervalBuckets 
     return baseline, canary
 
 
-def operator_decider(spec: AnalysisSpec) -> Decider:
-    """Every interval as the operator judges it: requests + the latency check, then assess_run's counters."""
+def operator_decider(spec: AnalysisSpec, learned: bool = False) -> Decider:
+    """Every interval as the operator judges it: requests + the latency check, then assess_run's counters; with
+    ``learned``, the noise learned from each run's history (``learn_history``) where it could be."""
     check = spec.latency[0]
 
     def roll_out(sim: Simulation, run: int) -> tuple[str, int]:
         status = AnalysisStatus()
         base, canary = sim.baseline, sim.canary
+        noise = sim.noise[run] if learned else None
         for interval in range(MAX_INTERVALS):
             at = f"t{interval}"
             requests = RequestCounts(float(base.counts[run, interval].sum()), float(canary.counts[run, interval].sum()))
@@ -240,7 +278,9 @@ def operator_decider(spec: AnalysisSpec) -> Decider:
                      as_buckets(canary.counts[run, interval], base.bounds)),
                     ([as_buckets(pod, base.bounds) for pod in base.pods[run, interval]],
                      [as_buckets(pod, base.bounds) for pod in canary.pods[run, interval]]),
-                    look=interval + 1, requests=requests, at=at, intervals=full_intervals(sim, run, interval),
+                    look=interval + 1, requests=requests, at=at,
+                    intervals=full_intervals(sim, run, interval, learned and interval + 1 > FEWEST_INTERVALS),
+                    noise=noise if isinstance(noise, FleetNoise) else None,
                 ),
             ]  # fmt: skip
             verdict = assess_run(spec, status, measured, NOW)
@@ -327,8 +367,9 @@ def oracle_zs(
     if noise == "ignored":
         return [effect / requests for effect in effects]
     if noise == "known":  # each role's pool moves by (node^2 + own^2 / looks) / its pods
-        one_pod = pods.node**2 + pods.own**2 / looks
-        deviation = math.sqrt(requests**2 + one_pod / pods.baseline + one_pod / pods.canary)
+        baseline_pod = pods.node**2 + pods.own**2 / looks
+        canary_pod = pods.node**2 + pods.canary_load**2 / looks
+        deviation = math.sqrt(requests**2 + baseline_pod / pods.baseline + canary_pod / pods.canary)
         return [effect / deviation for effect in effects]
     deviations_by_role, weights = [], 0.0
     for role in roles:
@@ -399,18 +440,23 @@ def evaluate(decider: Decider, regressed: Simulation, healthy: Simulation, runs:
 
 
 HEADER = (
-    f"{'scenario':<15} {'req/ivl':>7} {'pods b+c':>8} {'own':>5} {'node':>5}  {'method':<33} {'detect<=3':>9} "
+    f"{'scenario':<15} {'req/ivl':>7} {'pods b+c':>8} {'own':>9} {'node':>5}  {'method':<33} {'detect<=3':>9} "
     f"{'<=10':>6} {'<=15':>6} {'promoted regr.':>14} {'false':>6} {'too few':>7} {'undecided':>9} {'promoted':>8}"
 )
 
 
 def row(scenario: str, canary: int, pods: Pods, method: str, result: dict[str, float]) -> str:
     return (
-        f"{scenario:<15} {canary:>7,} {f'{pods.baseline}+{pods.canary}':>8} {pods.own:>5.2f} {pods.node:>5.2f}  "
+        f"{scenario:<15} {canary:>7,} {f'{pods.baseline}+{pods.canary}':>8} {_own(pods):>9} {pods.node:>5.2f}  "
         f"{method:<33} {result['detect3']:8.1f}% {result['detect10']:5.1f}% {result['detect']:5.1f}% "
         f"{result['missed']:13.1f}% "
         f"{result['false']:5.1f}% {result['few']:6.1f}% {result['undecided']:8.1f}% {result['promoted']:7.1f}%"
     )
+
+
+def _own(pods: Pods) -> str:
+    """The pods' own load; ``b>c`` where the canary's is larger than the baseline's."""
+    return f"{pods.own:.2f}" if pods.canary_own is None else f"{pods.own:.2f}>{pods.canary_own:.2f}"
 
 
 @dataclass(frozen=True)
@@ -421,6 +467,7 @@ class Row:
     every: bool = False  # every method, or the operator's rank test only
     spec: AnalysisSpec = RANK
     spec_name: str = "default"
+    learned: bool = False  # also the rank test with the noise learned from a history of the baseline's pods
 
 
 TODAY_ROWS = [Row("lognormal", n, every=True) for n in (60, 150, 300, 600, 1500)] + [
@@ -463,6 +510,19 @@ GOAL_ROWS = [
       for baseline, canary in ((4, 2), (4, 4), (9, 1), (9, 2), (9, 4), (16, 2))),
 ]  # fmt: skip
 
+# The noise learned from HISTORY_INTERVALS sampled past intervals of the baseline's pods (the spec's default
+# history.samples), against today's estimate and the oracles, at the efficiency goals' conditions: 9+1 pods, each
+# pod's own load 5-15% and node offsets up to 4%, a canary noisier than its baseline, 4+1 pods, and today's default.
+HISTORY_INTERVALS = 96
+LEARNED_ROWS = [
+    Row("lognormal", 300, TODAY, learned=True),
+    *(Row("lognormal", 300, Pods(baseline=9, own=own, node=node), learned=True)
+      for own in (0.05, 0.10, 0.15) for node in (0.02, 0.04)),
+    *(Row("lognormal", 300, Pods(baseline=9, own=0.05, node=0.02, canary_own=own), learned=True)
+      for own in (0.10, 0.20)),
+    Row("lognormal", 300, Pods(baseline=4, own=0.05, node=0.02), learned=True),
+]  # fmt: skip
+
 # The rows whose promoted regressions read above 1% in the default run (4 to 8 of 300: a count of a few is mostly
 # chance), for a rerun with more draws: --recheck --runs 1500.
 RECHECK_ROWS = [TODAY_ROWS[5], ONE_POD_ROWS[0], ONE_POD_ROWS[1], ONE_POD_ROWS[5]]
@@ -475,12 +535,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="one row of today's and two noisy ones")
     parser.add_argument("--recheck", action="store_true", help=f"only {', '.join(RECHECK_NAMES)}, on fresh draws")
+    parser.add_argument("--learned", action="store_true", help="only the rows with the noise learned from history")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     # New rows go last, so every row before keeps its draws (and its numbers in docs/operations.md).
-    cells = TODAY_ROWS + NOISE_ROWS + SIZING_ROWS + ITL_ROWS + ONE_POD_ROWS + GOAL_ROWS
+    cells = TODAY_ROWS + NOISE_ROWS + SIZING_ROWS + ITL_ROWS + ONE_POD_ROWS + GOAL_ROWS + LEARNED_ROWS
     if args.quick:
         cells = [TODAY_ROWS[2], NOISE_ROWS[5], NOISE_ROWS[7]]
+    # --learned: the same draws as in the whole run (the rows before are drawn, not judged)
+    skipped = len(cells) - len(LEARNED_ROWS) if args.learned else 0
     if args.recheck:  # draws of their own (seed, 1): not a rerun of the rows' 300
         cells, rng = RECHECK_ROWS, np.random.default_rng([args.seed, 1])
     print(f"{args.runs} regressed and {args.runs} healthy rollouts per row, seed {args.seed}; shared load sigma "
@@ -501,11 +564,18 @@ def main() -> None:
     print(HEADER)
     print("-" * len(HEADER))
     started = time.monotonic()
-    for cell in cells:
+    for index, cell in enumerate(cells):
         scenario, canary, pods, every = SCENARIOS[cell.scenario], cell.canary, cell.pods, cell.every
         regressed = simulate(rng, scenario, args.runs, canary, regressed=True, pods=pods)
         healthy = simulate(rng, scenario, args.runs, canary, regressed=False, pods=pods)
+        if args.learned and index < skipped:
+            continue
         methods: list[tuple[str, Decider]] = [(f"kvcal rank (operator, {cell.spec_name})", operator_decider(cell.spec))]
+        if cell.learned:
+            history = np.random.default_rng([args.seed, 2, index])  # draws of their own: the rollouts' stay as they are
+            for sim in (regressed, healthy):
+                learn_history(history, scenario, sim, canary, pods, HISTORY_INTERVALS)
+            methods.append(("kvcal rank, noise learned", operator_decider(cell.spec, learned=True)))
         if args.recheck:
             (method, decider), *_ = methods
             print(row(scenario.name, canary, pods, method, evaluate(decider, regressed, healthy, args.runs)))
@@ -524,7 +594,8 @@ def main() -> None:
         for method, decider in methods:
             print(row(scenario.name, canary, pods, method, evaluate(decider, regressed, healthy, args.runs)),
                   flush=True)  # fmt: skip
-        if every or cell in (NOISE_ROWS[-1], SIZING_ROWS[-1], ITL_ROWS[2], ONE_POD_ROWS[-1], GOAL_ROWS[1]):
+        if every or cell.learned or cell in (NOISE_ROWS[-1], SIZING_ROWS[-1], ITL_ROWS[2], ONE_POD_ROWS[-1],
+                                             GOAL_ROWS[1]):  # fmt: skip
             print()
     print(
         "\ndetect<=3, <=10, <=15: regressed canaries rolled back within 3, 10 and 15 intervals; promoted regr.: "

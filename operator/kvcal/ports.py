@@ -9,7 +9,7 @@ from typing import Any, Literal, Protocol
 
 from kvcal.core.analysis.capacity import KVCacheReadings
 from kvcal.models.spec import AnalysisSpec, KVCalibrationSpec
-from kvcal.models.status import Measurement
+from kvcal.models.status import Measurement, NoiseStatus
 
 Manifest = dict[str, Any]
 # Kinds the operator reads or writes; adapters map them to API groups.
@@ -80,10 +80,19 @@ class MetricsSource(Protocol):
     """Canary vs baseline metrics over the last window (Prometheus in production)."""
 
     def measure(
-        self, spec: AnalysisSpec, window_seconds: float, step_seconds: float | None = None
+        self,
+        spec: AnalysisSpec,
+        window_seconds: float,
+        step_seconds: float | None = None,
+        noise: Sequence[NoiseStatus] = (),
     ) -> list[Measurement]:
         """The last ``window_seconds``; ``step_seconds`` (default: the window) since the analysis step's first interval
-        began, for the rank test, which pools the step (kvcal.core.analysis.ranktest)."""
+        began, for the rank test, which pools the step (kvcal.core.analysis.ranktest); ``noise``: the pods' noise
+        learned from the baseline's history (status.noise)."""
+        ...
+
+    def learn_noise(self, spec: AnalysisSpec) -> list[NoiseStatus]:
+        """The baseline pods' own latency noise per rank-tested metric, from their history (spec.history)."""
         ...
 
     def kv_cache(self, spec: AnalysisSpec) -> KVCacheReadings:

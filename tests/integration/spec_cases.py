@@ -83,6 +83,7 @@ CASES: list[Case] = [
                           "serving.traffic.inferencePool": "llm.pool"}),
     ok("durations", {"analysis.interval": "1h30m", "analysis.warmup": "0s"}),
     ok("interval-one-second", {"analysis.interval": "1s"}),
+    ok("history", {"analysis.history": {"learn": False, "lookback": "10m", "samples": 12, "refresh": "30m"}}),
     ok("prometheus-by-name", {"analysis.prometheus.name": "thanos-eu-1"}),
     ok("prometheus-name-and-address", {"analysis.prometheus": {"name": "default", "address": "https://p.m:9090/"}}),
     ok("limits-zero", {"analysis.failureLimit": 0, "analysis.inconclusiveLimit": 0}),
@@ -311,6 +312,15 @@ CASES: list[Case] = [
     bad("spec.analysis.saturation.mode:enum", {"analysis.saturation.mode": "off"}),
     bad("spec.analysis.saturation.maxRegression:minimum", {"analysis.saturation.maxRegression": -0.1}),
     bad("spec.analysis.saturation.maxRegression:maximum", {"analysis.saturation.maxRegression": 11}),
+    bad("spec.analysis.history.lookback:minLength", {"analysis.history.lookback": "1"}),
+    bad("spec.analysis.history.lookback:maxLength", {"analysis.history.lookback": "1" * 16 + "h"}),
+    bad("spec.analysis.history.lookback:pattern", {"analysis.history.lookback": "one day"}),
+    bad("spec.analysis.history.lookback:cel0", {"analysis.history.lookback": "5m"}),
+    bad("spec.analysis.history.refresh:minLength", {"analysis.history.refresh": "1"}),
+    bad("spec.analysis.history.refresh:maxLength", {"analysis.history.refresh": "1" * 16 + "h"}),
+    bad("spec.analysis.history.refresh:pattern", {"analysis.history.refresh": "hourly"}),
+    bad("spec.analysis.history.samples:minimum", {"analysis.history.samples": 11}),
+    bad("spec.analysis.history.samples:maximum", {"analysis.history.samples": 1001}),
     # --- promotion ------------------------------------------------------------------------------------------------
     bad("spec.promotion.mode:enum", {"promotion.mode": "yolo"}),
 ]  # fmt: skip

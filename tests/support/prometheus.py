@@ -101,6 +101,7 @@ class PrometheusServer:
     groups: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # Prometheus's own --web.config.file (TLS, basic auth): the API then answers only over HTTPS with credentials.
     web_config: Path | None = None
+    retention: str = "2h"  # blocks older than this (a backfilled history) are deleted at start
 
     @property
     def url(self) -> str:
@@ -130,7 +131,7 @@ class PrometheusServer:
                 f"--storage.tsdb.path={self.workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--web.enable-lifecycle",
-                "--storage.tsdb.retention.time=2h",
+                f"--storage.tsdb.retention.time={self.retention}",
                 *([f"--web.config.file={self.web_config}"] if self.web_config else []),
             ],
             stdout=log,

@@ -4,7 +4,7 @@ The fixtures that build a World are in tests/e2e/conftest.py."""
 
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,7 +24,7 @@ from kvcal.handlers.operator import OperatorOptions, run
 from kvcal.local import free_port
 from kvcal.metrics import OperatorMetrics
 from kvcal.models.spec import AnalysisSpec
-from kvcal.models.status import Measurement
+from kvcal.models.status import Measurement, NoiseStatus
 from kvcal.ports import Manifest, MetricsSource, Probes, Router, Target
 from kvcal.services.reconciler import Reconciler
 from tests.support.chart import install_chart, operator_policy, release_name, uninstall_chart
@@ -57,8 +57,15 @@ class FakeMetrics:
     def kv_cache(self, spec: AnalysisSpec) -> KVCacheReadings:
         return KVCacheReadings(baseline=(BF16_KV,), canary=(self.canary_kv,))
 
+    def learn_noise(self, spec: AnalysisSpec) -> list[NoiseStatus]:
+        return []  # no history: the rank test estimates the pods' noise in each step
+
     def measure(
-        self, spec: AnalysisSpec, window_seconds: float, step_seconds: float | None = None
+        self,
+        spec: AnalysisSpec,
+        window_seconds: float,
+        step_seconds: float | None = None,
+        noise: Sequence[NoiseStatus] = (),
     ) -> list[Measurement]:
         if self.held.is_set():
             return []

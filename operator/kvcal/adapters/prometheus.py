@@ -14,7 +14,7 @@ operator's log, redacted.
 
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,13 +24,14 @@ import httpx
 
 from kvcal.core.analysis import plan, promql
 from kvcal.core.analysis.capacity import KVCacheReadings
+from kvcal.core.analysis.fleetnoise import from_status
 from kvcal.core.analysis.plan import Estimator
 from kvcal.core.analysis.verdict import error_measurement
 from kvcal.core.guard.policy import Policy, PrometheusAccess, resolve_prometheus
 from kvcal.core.guard.redact import redact
 from kvcal.core.timestamps import rfc3339
 from kvcal.models.spec import AnalysisSpec
-from kvcal.models.status import Measurement
+from kvcal.models.status import Measurement, NoiseStatus
 
 log = logging.getLogger(__name__)
 # How much of an error answer's body the log keeps (redacted): enough to see what the server said.
@@ -221,6 +222,22 @@ def interval_buckets(client: QueryClient, query: str) -> dict[float, list[tuple[
     return intervals
 
 
+def history_buckets(client: QueryClient, query: str) -> list[dict[str, list[tuple[float, float]]]]:
+    """A ``sum by (pod, instance, le)`` bucket subquery's samples: per evaluation time (oldest first), one ``buckets``
+    list per pod (named ``pod/instance``)."""
+    result = run_query(client, query)
+    times: dict[float, dict[str, list[tuple[float, float]]]] = {}
+    try:
+        for series in result:
+            labels = series["metric"]
+            pod, le = f"{labels.get('pod', '')}/{labels.get('instance', '')}", float(labels["le"])
+            for at, value in series["values"]:
+                times.setdefault(float(at), {}).setdefault(pod, []).append((le, float(value)))
+    except (KeyError, ValueError, TypeError) as exc:
+        raise QueryError(f"history subquery returned series without a numeric 'le' label or samples: {exc}") from exc
+    return [times[at] for at in sorted(times)]
+
+
 class PrometheusSource:
     """Measures one KVCalibration's baseline and canary; ``selector`` ties series to roles (see core.analysis.promql).
 
@@ -259,17 +276,37 @@ class PrometheusSource:
         return self._connect(access)
 
     def measure(
-        self, spec: AnalysisSpec, window_seconds: float, step_seconds: float | None = None
+        self,
+        spec: AnalysisSpec,
+        window_seconds: float,
+        step_seconds: float | None = None,
+        noise: Sequence[NoiseStatus] = (),
     ) -> list[Measurement]:
         at = rfc3339(self._clock())
         windows = plan.windows(spec, window_seconds, step_seconds)
+        learned = from_status(noise)
         try:
             client = self._client(spec)
         except Unreachable as exc:
             return [error_measurement(plan.UNUSABLE, str(exc), at=at)]
         with closing(client):
-            measuring = plan.analysis_plan(spec, self._selector, windows, self._estimator)
-            return plan.measurements(spec, measuring, run_plan(client, measuring), at)
+            measuring = plan.analysis_plan(spec, self._selector, windows, self._estimator, learned)
+            return plan.measurements(spec, measuring, run_plan(client, measuring), at, learned)
+
+    def learn_noise(self, spec: AnalysisSpec) -> list[NoiseStatus]:
+        """The baseline pods' own noise per rank-tested metric, learned from their history (core.analysis.fleetnoise);
+        where Prometheus cannot be used, each metric says so and the rank test estimates it in each step."""
+        at = rfc3339(self._clock())
+        learning = plan.history_plan(spec, self._selector)
+        try:
+            client = self._client(spec)
+        except Unreachable as exc:
+            answers = plan.Answers()
+            for query in learning.queries:
+                answers.failures[query.feeds] = plan.Failure(query.expression, str(exc), unusable=True)
+            return plan.learned_noise(spec, answers, at)
+        with closing(client):
+            return plan.learned_noise(spec, run_plan(client, learning), at)
 
     def kv_cache(self, spec: AnalysisSpec) -> KVCacheReadings:
         """The KV cache configuration each role's pods report (vllm:cache_config_info)."""
@@ -286,7 +323,7 @@ def run_plan(client: QueryClient, planned: plan.Plan) -> plan.Answers:
     """Each query the plan still needs, in order, its answer parsed by its shape; a failure is recorded, not raised."""
     answers = plan.Answers()
     for query in planned.queries:
-        if not plan.needed(query, answers):
+        if not plan.needed(query, answers, planned.learned):
             continue
         try:
             _ask(client, query, answers)
@@ -307,5 +344,7 @@ def _ask(client: QueryClient, query: plan.Query, answers: plan.Answers) -> None:
             answers.pod_buckets[name] = pod_buckets(client, expression)
         case "interval_buckets":
             answers.interval_buckets[name] = interval_buckets(client, expression)
+        case "history":
+            answers.history[name] = history_buckets(client, expression)
         case "labels":
             answers.labels[name] = series_labels(client, expression)

@@ -11,7 +11,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Literal
 
-from kvcal.core.analysis.schedule import measurement_due, next_measurement_at
+from kvcal.core.analysis.schedule import measurement_due, next_measurement_at, with_noise
 from kvcal.core.artifact.provenance import calibrator_image, record_calibrator_image, with_calibrator_image
 from kvcal.core.artifact.record import verified_artifact
 from kvcal.core.finished import recalibrate, spec_changed_when_done, start_over
@@ -90,6 +90,8 @@ def decide(
         return draft.finish()
     image = calibrator_image(spec, obs)
     resolved = with_report_layers(with_calibrator_image(spec, image), status.calibration)
+    if obs.noise:  # learned while a canary is deployed or analyzed: kept across steps, refreshed by the observer
+        draft.update(noise=with_noise(draft.status.noise, obs.noise))
     before = (draft.status, list(draft.actions), list(draft.events), draft.requeue)
     unexpected: Exception | None = None
     try:

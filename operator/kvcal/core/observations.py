@@ -7,7 +7,7 @@ from typing import Literal
 from kvcal.core.analysis.capacity import KVCacheReadings
 from kvcal.core.guard.policy import Policy
 from kvcal.core.manifests.common import Manifest, Owner
-from kvcal.models.status import KVCalibrationStatus, Measurement
+from kvcal.models.status import KVCalibrationStatus, Measurement, NoiseStatus
 
 # Annotations a person (or `kvcal promote|abort|retry`) sets on the KVCalibration; any non-empty value counts.
 # The operator removes the annotation once it has acted on it.
@@ -99,6 +99,8 @@ class Observations:
     policy: Policy = field(default_factory=Policy)
     serving_verification_job: JobState | None = None  # the Job named in status.serving.verification.job
     kv_cache: KVCacheReadings | None = None  # read with the measurements; None: not read (no metrics backend)
+    # The baseline pods' noise just learned from their history (schedule.noise_due); empty: not learned this pass.
+    noise: tuple[NoiseStatus, ...] = ()
 
     @property
     def canary_exposure(self) -> int | None:

@@ -41,6 +41,7 @@ OUTPUT_MESSAGE = (
 PROMETHEUS_URL_PATTERN = r"^https?://[^\s/]+(/\S*)?$"
 ATTENTION_BACKEND_PATTERN = r"^[A-Z][A-Z0-9_]*$"
 MIN_INTERVAL_SECONDS = 1.0
+MIN_LOOKBACK_SECONDS = 600.0
 MAX_LAYER_INDEX = 4095
 MAX_PROTECTED_LAYERS = 256
 _DURATION = re.compile(DURATION_PATTERN)
@@ -617,6 +618,9 @@ MAX_REGRESSION = 0.1
 QUANTILE_RANGE = "spec.analysis.latency[].quantile must be in (0, 1), e.g. 0.95"
 
 
+LatencyMetric = Literal["ttft", "itl", "e2e"]
+
+
 class LatencyCheck(SpecModel):
     model_config = ConfigDict(
         json_schema_extra=kube(
@@ -629,9 +633,7 @@ class LatencyCheck(SpecModel):
         )
     )
 
-    metric: Literal["ttft", "itl", "e2e"] = Field(
-        description="ttft time to first token, itl inter-token latency, e2e request latency."
-    )
+    metric: LatencyMetric = Field(description="ttft time to first token, itl inter-token latency, e2e request latency.")
     test: Literal["rank", "quantile"] = Field(
         default="rank",
         description=(
@@ -766,7 +768,60 @@ class SaturationCheck(SpecModel):
 
 
 INTERVAL_AT_LEAST_A_SECOND = "spec.analysis.interval must be at least 1s, e.g. 60s"
+LOOKBACK_AT_LEAST = "spec.analysis.history.lookback must be at least 10m, e.g. 24h"
 LATENCY_REPEATED = "spec.analysis.latency must not repeat a (metric, quantile) pair"
+
+
+class NoiseHistory(SpecModel):
+    """Where the rank test learns how much one pod's latency moves on its own: the baseline pods' own history."""
+
+    learn: bool = Field(
+        default=True,
+        description=(
+            "Learn the baseline pods' own noise (node offsets, own load) from their latency histograms in Prometheus "
+            "before the first step, and use it in the rank test while the canary behaves like a baseline pod; false: "
+            "estimate it from the step's pods and intervals only."
+        ),
+    )
+    lookback: str = Field(
+        default="24h",
+        min_length=2,
+        max_length=16,
+        pattern=DURATION_PATTERN,
+        json_schema_extra=kube(cel("duration(self) >= duration('10m')", LOOKBACK_AT_LEAST)),
+        description="How far back the history reaches, e.g. 24h, 6h (at least 10m; within Prometheus' retention).",
+    )
+    samples: int = Field(
+        default=96,
+        ge=12,
+        le=1000,
+        description=(
+            "Past intervals read, spread evenly over the lookback, each one analysis interval long (one range query "
+            "per latency check; the cost grows with samples x baseline pods x buckets)."
+        ),
+    )
+    refresh: str = Field(
+        default="1h",
+        min_length=2,
+        max_length=16,
+        pattern=DURATION_PATTERN,
+        description="Learn again when the last history is this old (while a rollout runs), e.g. 1h.",
+    )
+
+    @field_validator("lookback")
+    @classmethod
+    def _long_enough(cls, lookback: str) -> str:
+        if parse_duration(lookback) < MIN_LOOKBACK_SECONDS:
+            raise ValueError(LOOKBACK_AT_LEAST)
+        return lookback
+
+    @property
+    def lookback_seconds(self) -> float:
+        return parse_duration(self.lookback)
+
+    @property
+    def refresh_seconds(self) -> float:
+        return parse_duration(self.refresh)
 
 
 def _default_latency() -> list[LatencyCheck]:
@@ -863,6 +918,13 @@ class AnalysisSpec(SpecModel):
         default=SaturationCheck(),
         description=(
             "Requests waiting per pod and preemptions per request, canary vs baseline at the same offered load."
+        ),
+    )
+    history: NoiseHistory = Field(
+        default=NoiseHistory(),
+        description=(
+            "The baseline pods' own latency noise learned from their history (status.noise): the rank test decides "
+            "sooner and more often than with the few pods and intervals of a step."
         ),
     )
 

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from kvcal.models.base import Model
 from kvcal.models.markers import kube
+from kvcal.models.spec import LatencyMetric
 
 MAX_MEASUREMENTS = 48  # six intervals of the default checks (8 measurements each): enough to see why a run failed
 MAX_HISTORY = 20
@@ -249,6 +250,32 @@ class AnalysisStatus(Model):
     )
 
 
+class NoiseStatus(Model):
+    """How much one pod's latency moves on its own, as the rank test counts it (docs/concepts.md, "Noise learned
+    from the baseline's history"): learned from the baseline pods' history, or estimated in each step (and why)."""
+
+    metric: LatencyMetric = Field(description="The latency metric (a rank test's check).")
+    source: Literal["learned", "estimated"] | None = Field(
+        default=None,
+        description="learned: from the baseline pods' history; estimated: from each step's pods and intervals.",
+    )
+    learned_at: str | None = Field(default=None, description="When the history was read (RFC 3339).")
+    message: str | None = Field(default=None, description="What was learned, or why the history could not be used.")
+    pods: int | None = Field(default=None, description="Baseline pods in the history.")
+    intervals: int | None = Field(default=None, description="Sampled past intervals with two pods or more.")
+    node_variance: float | None = Field(
+        default=None, description="A pod's fixed offset (its node), as a variance of the rank test's effect."
+    )
+    node_variance_upper: float | None = Field(
+        default=None, description="Its upper 90% confidence bound (sets the test's degrees of freedom)."
+    )
+    node_degrees: int | None = Field(default=None, description="The node variance's degrees of freedom (pods - 1).")
+    own_variance: float | None = Field(
+        default=None, description="A pod's own load in one interval, as a variance of the rank test's effect."
+    )
+    own_degrees: int | None = Field(default=None, description="The own-load variance's degrees of freedom.")
+
+
 class KVCacheRole(Model):
     """The KV cache one role's vLLM reports (vllm:cache_config_info); where pods differ, the one the capacity check
     judges (core/analysis/capacity.py)."""
@@ -346,6 +373,15 @@ class KVCalibrationStatus(Model):
     capacity: CapacityStatus = Field(
         default=CapacityStatus(),
         description="KV capacity of baseline and canary as vLLM reports it (vllm:cache_config_info).",
+    )
+    noise: list[NoiseStatus] = Field(
+        default=[],
+        max_length=3,
+        json_schema_extra=kube(list_type="map", list_map_keys=["metric"]),
+        description=(
+            "The pods' own latency noise each rank test uses (one per metric): learned from the baseline's history, "
+            "or why not."
+        ),
     )
     history: list[HistoryEntry] = Field(
         default=[], max_length=MAX_HISTORY, description="Phase transitions, newest last (capped)."

@@ -12,7 +12,7 @@ judge, never a failed pass.
 
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
@@ -20,7 +20,7 @@ from functools import cached_property
 from pydantic import ValidationError
 
 from kvcal.core.analysis.capacity import KVCacheReadings
-from kvcal.core.analysis.schedule import step_window_seconds
+from kvcal.core.analysis.schedule import noise_due, step_window_seconds, with_noise
 from kvcal.core.analysis.verdict import error_measurement
 from kvcal.core.decide import measurement_due
 from kvcal.core.guard.policy import Policy
@@ -35,7 +35,7 @@ from kvcal.core.spechash import effective_spec_hash
 from kvcal.core.timestamps import rfc3339
 from kvcal.models.errors import describe
 from kvcal.models.spec import KVCalibrationSpec, WorkloadKind
-from kvcal.models.status import KVCalibrationStatus, Measurement, Phase
+from kvcal.models.status import KVCalibrationStatus, Measurement, NoiseStatus, Phase
 from kvcal.ports import AnalysisBackends, Kube, Manifest, MetricsSource, Probes, Router, Routing, Target
 
 log = logging.getLogger(__name__)
@@ -201,9 +201,14 @@ class Observer:
             inference_pool=self.pool_state(owner, spec) if "inference_pool" in needs else None,
             serving_verification_job=serving_job,
         )
+        learned: tuple[NoiseStatus, ...] = ()
+        if noise_due(spec.analysis, status, now):
+            learned = tuple(self.learn_noise(adapters))
+            obs = Observations(**{**obs.__dict__, "noise": learned})
         if measurement_due(spec.analysis, status, now):
             step_seconds = step_window_seconds(spec.analysis, status.analysis, now)
-            measurements = tuple(self.measure(adapters, now, step_seconds))
+            noise = with_noise(status.noise, learned)
+            measurements = tuple(self.measure(adapters, now, step_seconds, noise))
             obs = Observations(**{**obs.__dict__, "measurements": measurements, "kv_cache": self.kv_cache(adapters)})
         return obs
 
@@ -251,7 +256,13 @@ class Observer:
         router = adapters.router if adapters.target.spec.serving.traffic.shadow is not None else None
         return None if router is None else router.gateway_features(adapters.target)
 
-    def measure(self, adapters: PassAdapters, now: datetime, step_seconds: float | None = None) -> list[Measurement]:
+    def measure(
+        self,
+        adapters: PassAdapters,
+        now: datetime,
+        step_seconds: float | None = None,
+        noise: Sequence[NoiseStatus] = (),
+    ) -> list[Measurement]:
         """One interval's measurements and probes; an adapter that raises yields an Error measurement, never a pass."""
         target = adapters.target
         analysis = target.spec.analysis
@@ -259,7 +270,7 @@ class Observer:
         try:  # building the source reads the baseline's selector, which can fail like a query
             source = adapters.metrics_source
             if source is not None:
-                out += source.measure(analysis, analysis.interval_seconds, step_seconds)
+                out += source.measure(analysis, analysis.interval_seconds, step_seconds, noise)
         except Exception as e:
             out.append(error_measurement("prometheus", f"{type(e).__name__}: {e}", at=rfc3339(now)))
         probes = adapters.probes
@@ -270,6 +281,16 @@ class Observer:
             except Exception as e:
                 out.append(error_measurement("probes", f"{type(e).__name__}: {e}", at=rfc3339(now)))
         return out
+
+    def learn_noise(self, adapters: PassAdapters) -> list[NoiseStatus]:
+        """The baseline pods' noise from their history (core.analysis.fleetnoise); an adapter that raises leaves it
+        to be learned at the next pass (nothing recorded: the rank test estimates it meanwhile)."""
+        try:
+            source = adapters.metrics_source
+            return [] if source is None else source.learn_noise(adapters.target.spec.analysis)
+        except Exception as e:
+            log.warning("learning the baseline's noise failed: %s: %s", type(e).__name__, e)
+            return []
 
     def kv_cache(self, adapters: PassAdapters) -> KVCacheReadings | None:
         """The KV cache each role reports (core.analysis.capacity); None without a metrics backend."""

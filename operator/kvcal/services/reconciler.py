@@ -11,7 +11,7 @@ pass's status write, and what the written status still calls for is handed to th
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -23,7 +23,7 @@ from kvcal.core.rollout.reverts import is_reverted
 from kvcal.core.status.conditions import get_condition, set_condition
 from kvcal.core.timestamps import parse_rfc3339
 from kvcal.metrics import OperatorMetrics
-from kvcal.models.status import ConditionType, KVCalibrationStatus, Measurement
+from kvcal.models.status import ConditionType, KVCalibrationStatus, Measurement, NoiseStatus
 from kvcal.ports import AnalysisBackends, Conflict, Kube
 from kvcal.services.act import EVENT_RESEND_WINDOW, Actor
 from kvcal.services.failures import describe_failure
@@ -119,9 +119,15 @@ class Reconciler:
             if self.metrics:
                 self.metrics.reconciled(result, self.monotonic() - started)
 
-    def measure(self, adapters: PassAdapters, now: datetime, step_seconds: float | None = None) -> list[Measurement]:
+    def measure(
+        self,
+        adapters: PassAdapters,
+        now: datetime,
+        step_seconds: float | None = None,
+        noise: Sequence[NoiseStatus] = (),
+    ) -> list[Measurement]:
         """One interval's measurements and probes (services.observe)."""
-        return self.observer.measure(adapters, now, step_seconds)
+        return self.observer.measure(adapters, now, step_seconds, noise)
 
     def _report_failure(self, namespace: str, name: str, error: Exception) -> None:
         """The failed pass wrote no status: say so in the ReconcileError condition, a Warning event and a metric."""

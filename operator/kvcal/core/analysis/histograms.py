@@ -121,7 +121,15 @@ def rank_effect(
     baseline moved through g, both as ``cumulative_counts`` returns them: effect = U / pairs - 1/2, the probability
     that a canary request is slower than a (moved) baseline one beyond even odds; 0 when either side is empty."""
     canary_cells = _cells([count for _, count in canary])
-    baseline_cells = _cells(moved_baseline(baseline, [le for le, _ in canary], tolerance, floor, first_bucket))
+    bounds = [le for le, _ in canary]
+    unmoved = tolerance == 0 and floor == 0 and [le for le, _ in baseline] == bounds
+    # Unmoved on the same bounds the baseline's own counts are what moved_baseline reads at each bound.
+    moved = (
+        [count for _, count in baseline]
+        if unmoved
+        else moved_baseline(baseline, bounds, tolerance, floor, first_bucket)
+    )
+    baseline_cells = _cells(moved)
     u_statistic, _, deviation = grouped_mann_whitney(baseline_cells, canary_cells)
     pairs = sum(baseline_cells) * sum(canary_cells)
     if pairs <= 0:

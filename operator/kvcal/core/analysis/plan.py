@@ -18,6 +18,7 @@ from typing import Literal, TypeVar
 from kvcal.core.analysis import promql
 from kvcal.core.analysis.capacity import METRIC as KV_CAPACITY
 from kvcal.core.analysis.capacity import KVCacheConfig, KVCacheReadings, parse_cache_config
+from kvcal.core.analysis.fleetnoise import FleetNoise, HistoryInterval, learn_noise, noise_status
 from kvcal.core.analysis.histograms import Buckets
 from kvcal.core.analysis.ranktest import FEWEST_INTERVALS, assess_latency_check, has_pod_reference
 from kvcal.core.analysis.saturation import METRIC as SATURATION
@@ -35,13 +36,13 @@ from kvcal.core.analysis.verdict import (
     latency_metric_name,
     quantile_from_buckets,
 )
-from kvcal.models.spec import AnalysisSpec, LatencyCheck
-from kvcal.models.status import Measurement
+from kvcal.models.spec import AnalysisSpec, LatencyCheck, LatencyMetric
+from kvcal.models.status import Measurement, NoiseStatus
 
 # kvcal's estimate from the per-bucket rates (unbiased on vLLM's wide buckets), or Prometheus' histogram_quantile.
 Estimator = Literal["buckets", "histogram_quantile"]
 # How the provider parses an answer: one value, (le, value) pairs, such pairs per pod or per evaluation time, labels.
-Shape = Literal["value", "buckets", "pod_buckets", "interval_buckets", "labels"]
+Shape = Literal["value", "buckets", "pod_buckets", "interval_buckets", "history", "labels"]
 
 # The metric of the one Error measurement an interval gets when Prometheus cannot be used at all.
 UNUSABLE = "prometheus"
@@ -52,6 +53,7 @@ _SHAPES: dict[str, Shape] = {
     "latency_counts": "buckets",
     "latency_pod_counts": "pod_buckets",
     "latency_interval_counts": "interval_buckets",
+    "latency_history": "history",
     "kv_cache_config": "labels",
 }
 # The metrics measured after the latency checks, each with its template, in their order in the status.
@@ -116,6 +118,7 @@ class Plan:
 
     queries: tuple[Query, ...]
     look: int = 1  # which look of the step (read by the rank test only)
+    learned: frozenset[str] = frozenset()  # the latency checks (ttft-p95) whose pods' noise was learned
 
     def measures(self, feeds: str, template: str | None = None) -> bool:
         return any(q.feeds == feeds and template in (None, q.template) for q in self.queries)
@@ -157,10 +160,15 @@ def _latency(check: LatencyCheck, selector: promql.Selector, windows: Windows, e
 
 
 def analysis_plan(
-    spec: AnalysisSpec, selector: promql.Selector, windows: Windows, estimator: Estimator = "buckets"
+    spec: AnalysisSpec,
+    selector: promql.Selector,
+    windows: Windows,
+    estimator: Estimator = "buckets",
+    learned: Mapping[str, FleetNoise] | None = None,
 ) -> Plan:
     """The queries of one measurement: the requests (the gate), each latency check, the error rate, preemptions and
-    KV cache usage, and the saturation check's inputs where it is enabled; each for the baseline, then the canary."""
+    KV cache usage, and the saturation check's inputs where it is enabled; each for the baseline, then the canary.
+    ``learned``: the pods' noise learned per metric (ttft): those checks' step intervals are asked for its guard."""
     queries = _named(REQUESTS, "requests", selector, windows.interval)
     for check in spec.latency:
         queries += _latency(check, selector, windows, estimator)
@@ -169,7 +177,42 @@ def analysis_plan(
     if spec.saturation.mode != "disabled":
         for _, template in SATURATION_INPUTS:
             queries += _named(SATURATION, template, selector, windows.interval)
-    return Plan(tuple(queries), windows.look)
+    checks = frozenset(latency_metric_name(check) for check in spec.latency if check.metric in (learned or {}))
+    return Plan(tuple(queries), windows.look, checks)
+
+
+def history_plan(spec: AnalysisSpec, selector: promql.Selector) -> Plan:
+    """The baseline pods' history of each rank test's metric (``spec.history``: samples over the lookback, each one
+    analysis interval long), for ``learned_noise``."""
+    history = spec.history
+    metrics = _history_metrics(spec)
+    window = promql.format_window(spec.interval_seconds)
+    range_ = promql.format_window(history.lookback_seconds)
+    resolution = promql.format_window(max(spec.interval_seconds, history.lookback_seconds / history.samples))
+    return Plan(
+        tuple(
+            Query(metric, "latency_history", "baseline",
+                  promql.render_history(metric, selector.for_role("baseline"), window, range_, resolution))
+            for metric in metrics
+        )
+    )  # fmt: skip
+
+
+def _history_metrics(spec: AnalysisSpec) -> list[LatencyMetric]:
+    return sorted({check.metric for check in spec.latency if check.test == "rank"})
+
+
+def learned_noise(spec: AnalysisSpec, answers: "Answers", at: str) -> list[NoiseStatus]:
+    """Each metric's noise as ``history_plan``'s answers show it (or why not: a failed query, too short a history)."""
+    out = []
+    for metric in _history_metrics(spec):
+        failed = answers.failures.get(metric)
+        if failed is not None:
+            out.append(noise_status(metric, f"history: the query failed ({failed.message})", at))
+            continue
+        history = answers.history.get(query_name(metric, "latency_history", "baseline"), [])
+        out.append(noise_status(metric, learn_noise(history), at))
+    return out
 
 
 def kv_cache_plan(selector: promql.Selector) -> Plan:
@@ -193,16 +236,20 @@ class Answers:
     buckets: dict[str, Buckets] = field(default_factory=dict)  # (le, value) pairs of a sum by (le); empty: no series
     pod_buckets: dict[str, Sequence[Buckets]] = field(default_factory=dict)  # one per pod, in a stable order
     interval_buckets: dict[str, Mapping[float, Buckets]] = field(default_factory=dict)  # one per evaluation time
+    history: dict[str, Sequence[HistoryInterval]] = field(default_factory=dict)  # per sampled time: each pod's
     labels: dict[str, Sequence[Mapping[str, str]]] = field(default_factory=dict)  # each series' label set
     failures: dict[str, Failure] = field(default_factory=dict)
 
 
-def needed(query: Query, answers: Answers) -> bool:
-    """Whether the provider runs ``query`` now, given the answers so far."""
+def needed(query: Query, answers: Answers, learned: frozenset[str] = frozenset()) -> bool:
+    """Whether the provider runs ``query`` now, given the answers so far (``learned``: ``Plan.learned``)."""
+    if query.template == "latency_history":  # a plan of its own: no requests gate it
+        return query.feeds not in answers.failures
     if REQUESTS in answers.failures or query.feeds in answers.failures:
         return False
-    if query.template == "latency_interval_counts":  # the replicates, only where the pods cannot be
-        return not has_pod_reference(*_roles(answers.pod_buckets, query.feeds, "latency_pod_counts", []))
+    if query.template == "latency_interval_counts":  # the replicates where the pods cannot be, and the guard's data
+        pods = _roles(answers.pod_buckets, query.feeds, "latency_pod_counts", [])
+        return query.feeds in learned or not has_pod_reference(*pods)
     return True
 
 
@@ -211,8 +258,11 @@ def _roles(answered: Mapping[str, T], feeds: str, template: str, missing: T) -> 
     return baseline, canary
 
 
-def measurements(spec: AnalysisSpec, plan: Plan, answers: Answers, at: str) -> list[Measurement]:
-    """The interval's Measurements, in the plan's order; a failed measurement is an Error in its place."""
+def measurements(
+    spec: AnalysisSpec, plan: Plan, answers: Answers, at: str, learned: Mapping[str, FleetNoise] | None = None
+) -> list[Measurement]:
+    """The interval's Measurements, in the plan's order; a failed measurement is an Error in its place. ``learned``:
+    the pods' noise learned per metric (ttft), for the rank test."""
     failed = answers.failures.get(REQUESTS)
     if failed is not None:
         return [error_measurement(UNUSABLE if failed.unusable else REQUESTS, failed.message, at=at)]
@@ -225,7 +275,7 @@ def measurements(spec: AnalysisSpec, plan: Plan, answers: Answers, at: str) -> l
         if failed is not None:
             out.append(error_measurement(latency_metric_name(check), failed.message, at=at))
         elif check.test == "rank":
-            out.append(_rank(spec, check, plan, answers, counts, at))
+            out.append(_rank(spec, check, plan, answers, counts, at, (learned or {}).get(check.metric)))
         else:
             out.append(assess_latency(check, _quantiles(check, plan, answers), gate=gate, at=at))
     for metric, template in _NAMED:
@@ -255,19 +305,25 @@ def _quantiles(check: LatencyCheck, plan: Plan, answers: Answers) -> Reading:
 
 
 def _rank(
-    spec: AnalysisSpec, check: LatencyCheck, plan: Plan, answers: Answers, counts: RequestCounts, at: str
+    spec: AnalysisSpec,
+    check: LatencyCheck,
+    plan: Plan,
+    answers: Answers,
+    counts: RequestCounts,
+    at: str,
+    noise: FleetNoise | None,
 ) -> Measurement:
     feeds = latency_metric_name(check)
     pooled = _roles(answers.pod_buckets, feeds, "latency_pod_counts", [])
     intervals = None
-    if not has_pod_reference(*pooled):  # the step's intervals are the replicates (none asked on the first looks)
+    if noise is not None or not has_pod_reference(*pooled):  # the replicates, or the guard's data (from look 3)
         baseline, canary = _roles(answers.interval_buckets, feeds, "latency_interval_counts", {})
         both = sorted(baseline.keys() & canary.keys())
         intervals = ([baseline[moment] for moment in both], [canary[moment] for moment in both])
     return assess_latency_check(
         check, spec, _roles(answers.buckets, feeds, "latency_counts", []), pooled,
         look=plan.look, requests=counts, at=at, query=plan.canary_query(feeds, "latency_pod_counts"),
-        intervals=intervals,
+        intervals=intervals, noise=noise,
     )  # fmt: skip
 
 

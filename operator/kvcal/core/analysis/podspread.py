@@ -31,25 +31,30 @@ class PodSpread:
 
 def pod_spread(roles: Sequence[Sequence[list[tuple[float, float]]]]) -> PodSpread:
     """The between-pod spread of each role's pods (each as ``cumulative_counts``), pooled over roles: each pod is
-    compared with the rest of its role (a leave-one-out rank effect, scaled by 1 - its share of the role's requests
-    to read as its deviation from the role's pool, and its variance with it)."""
-    deviations_by_role = []
-    for pods in roles:
-        pods = [pod for pod in pods if pod[-1][1] > 0]
-        if len(pods) < 2:
-            continue
-        bounds, counts = on_bounds(pods)
-        role = [sum(column) for column in zip(*counts, strict=True)]  # the role's pool, once: each rest is it - a pod
-        deviations, variances = [], []
-        for own in counts:
-            rest = [whole - mine for whole, mine in zip(role, own, strict=True)]
-            rest_points, own_points = (list(zip(bounds, each, strict=True)) for each in (rest, own))
-            effect, deviation = rank_effect(rest_points, own_points, 0.0, 0.0)
-            outside = 1 - own[-1] / role[-1]
-            deviations.append(effect * outside)
-            variances.append((deviation * outside) ** 2)
-        deviations_by_role.append((deviations, variances))
-    return spread_of(deviations_by_role)
+    compared with the rest of its role (``pod_deviations``)."""
+    deviations_by_role = [pod_deviations(pods) for pods in roles]
+    return spread_of([role for role in deviations_by_role if len(role[0]) >= 2])
+
+
+def pod_deviations(pods: Sequence[list[tuple[float, float]]]) -> tuple[list[float], list[float]]:
+    """(each pod's deviation from its role's pool, that deviation's request-level variance) for the pods with
+    requests, where there are two or more (none otherwise): a leave-one-out rank effect of the pod against the rest,
+    scaled by 1 - its share of the role's requests to read as its deviation from the role's pool, its variance with
+    it."""
+    pods = [pod for pod in pods if pod[-1][1] > 0]
+    if len(pods) < 2:
+        return [], []
+    bounds, counts = on_bounds(pods)
+    role = [sum(column) for column in zip(*counts, strict=True)]  # the role's pool, once: each rest is it - a pod
+    deviations, variances = [], []
+    for own in counts:
+        rest = [whole - mine for whole, mine in zip(role, own, strict=True)]
+        rest_points, own_points = (list(zip(bounds, each, strict=True)) for each in (rest, own))
+        effect, deviation = rank_effect(rest_points, own_points, 0.0, 0.0)
+        outside = 1 - own[-1] / role[-1]
+        deviations.append(effect * outside)
+        variances.append((deviation * outside) ** 2)
+    return deviations, variances
 
 
 def spread_of(roles: Sequence[tuple[Sequence[float], Sequence[float]]]) -> PodSpread:

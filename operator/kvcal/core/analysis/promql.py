@@ -56,6 +56,11 @@ TEMPLATES: dict[str, str] = {
     # interval, so $range = the step less one interval keeps every window inside the step): where no role has two
     # pods, the intervals are the replicates that show a pod's own noise.
     "latency_interval_counts": "(sum by (le) (increase({${histogram},$selector}[$window])))[$range:$window]",
+    # The baseline pods' history: each pod's counts over one interval, sampled every $resolution over $range (a
+    # subquery: one cheap pass over the lookback however long it is; kvcal.core.analysis.fleetnoise reads it).
+    "latency_history": (
+        "(sum by (pod, instance, le) (increase({${histogram},$selector}[$window])))[$range:$resolution]"
+    ),
     # Requests the engine finished (any finished_reason) plus generation requests that failed with HTTP 5xx: the
     # traffic count compared to minRequests (a canary failing every request still counts as traffic).
     "requests": (
@@ -208,6 +213,19 @@ def render_interval_buckets(metric: str, selector: str, window: str, range_: str
     histogram = vllm_series(LATENCY_HISTOGRAMS[metric] + "_bucket")
     variables = {"histogram": histogram, "selector": selector, "window": _check_window(window)}
     return render(TEMPLATES["latency_interval_counts"], {**variables, "range": _check_window(range_)})
+
+
+def render_history(metric: str, selector: str, window: str, range_: str, resolution: str) -> str:
+    """Each pod's bucket counts over ``window``, sampled every ``resolution`` over the last ``range_`` (a matrix: one
+    sample per pod, ``le`` and time)."""
+    if metric not in LATENCY_HISTOGRAMS:
+        raise TemplateError(f"latency metric {metric!r}: must be one of {', '.join(LATENCY_HISTOGRAMS)}")
+    histogram = vllm_series(LATENCY_HISTOGRAMS[metric] + "_bucket")
+    variables = {"histogram": histogram, "selector": selector, "window": _check_window(window)}
+    return render(
+        TEMPLATES["latency_history"],
+        {**variables, "range": _check_window(range_), "resolution": _check_window(resolution)},
+    )
 
 
 _NAMED = ("requests", "error_rate", "preemptions", "kv_cache_usage", "requests_running", "requests_waiting")

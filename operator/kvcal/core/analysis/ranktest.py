@@ -28,8 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from kvcal.core.analysis.fleetnoise import FleetNoise, canary_noisier, canary_z, learned_z
 from kvcal.core.analysis.histograms import Buckets, cumulative_counts, pool, rank_effect
-from kvcal.core.analysis.podspread import interval_spread, pod_spread, pod_weights, spread_z
+from kvcal.core.analysis.podspread import PodSpread, interval_spread, pod_spread, pod_weights, spread_z
 from kvcal.core.analysis.schedule import LOOKS_PER_SUCCESSFUL_INTERVAL
 from kvcal.core.analysis.sequential import boundaries
 from kvcal.core.analysis.verdict import (
@@ -63,12 +64,15 @@ BOUNDARY_SHAPE = 0.25
 PodBuckets = Sequence[Buckets]  # one role's buckets, one histogram per pod (``sum by (pod, le)``)
 IntervalBuckets = tuple[Sequence[Buckets], Sequence[Buckets]]  # (baseline, canary): each interval of the step
 RankVerdict = Literal["Failed", "Successful", "Undecided"]
-# What the verdict's variance learns the pods' own noise from: other pods of a role, the step's intervals (no role
-# with two pods), or nothing (no intervals given: requests alone; the operator always gives them).
-Reference = Literal["pods", "intervals", "requests"]
+# What the verdict's variance learns the pods' own noise from: the baseline's history (kvcal.core.analysis.fleetnoise);
+# the nodes' from that history and the canary's own load from the step's intervals (a canary noisier than the history
+# allows); other pods of a role; the step's intervals (no role with two pods); or nothing (no intervals given:
+# requests alone; the operator always gives them).
+Reference = Literal["learned", "canary", "pods", "intervals", "requests"]
 # No role with two pods that answered: the intervals of the step are the replicates, and the messages say what that
 # cannot see (a pod's node stays with it for the whole step).
 NO_POD_REFERENCE = "1 baseline pod and 1 canary pod: node offsets not measured (run 2+ baseline pods)"
+CONFIRM_UNCHECKED = False
 # Two intervals are the fewest that show how the canary's effect varies: before them no decision.
 FEWEST_INTERVALS = 2
 
@@ -145,14 +149,22 @@ class RankResult:
     degrees: float  # the verdict's degrees of freedom (inf: nothing estimated)
     reference: Reference = "pods"
     intervals: int = 0  # the step's intervals with requests on both roles (reference "intervals")
+    noise: FleetNoise | None = None  # the learned noise used (reference "learned")
+    unlearned: str | None = None  # why the learned noise given was not used (the canary is noisier than it allows)
 
 
 def rank_test(
-    baseline: PodBuckets, canary: PodBuckets, plan: Design, look: int, intervals: IntervalBuckets | None = None
+    baseline: PodBuckets,
+    canary: PodBuckets,
+    plan: Design,
+    look: int,
+    intervals: IntervalBuckets | None = None,
+    noise: FleetNoise | None = None,
 ) -> RankResult:
     """Look ``look`` of the sequential test on each pod's buckets pooled since the step began (see the module's
-    docstring): the rank effect of the roles' pools, its variance widened by the pods' own spread, or where no role
-    has two pods, by the spread of the step's ``intervals``."""
+    docstring): the rank effect of the roles' pools, its variance widened by the pods' own noise as the baseline's
+    history taught it (``noise``, unless the step's ``intervals`` show the canary noisier), or else by the pods' own
+    spread, or where no role has two pods, by the spread of the step's ``intervals``."""
     rollback_critical, healthy_critical, promote_critical, regressed_critical = plan.critical(look)
     baseline_pods = [cumulative_counts(buckets) for buckets in baseline]
     canary_pods = [cumulative_counts(buckets) for buckets in canary]
@@ -166,14 +178,34 @@ def rank_test(
         spread, weights, replicates = interval_spread(
             *([cumulative_counts(each) for each in role] for role in intervals)
         )
+    unlearned = None
+    own, interval_weights = PodSpread(squares=0.0, request_variance=0.0, degrees=0), 1.0
+    if noise is not None:
+        weights = pod_weights(baseline_pods) + pod_weights(canary_pods)
+        if intervals is not None:
+            own, interval_weights, replicates = interval_spread(
+                *([cumulative_counts(each) for each in role] for role in intervals)
+            )
+            unlearned = canary_noisier(noise, own, pod_weights(baseline_pods))
+        reference = "learned" if unlearned is None else "canary"
     slower_effect = rank_effect(baseline_points, canary_points, plan.rollback_tolerance, plan.floor)
     within_effect = rank_effect(baseline_points, canary_points, plan.promote_tolerance, plan.floor, "upper")
     healthy_effect = rank_effect(baseline_points, canary_points, plan.healthy_tolerance, 0.0)  # no floor: above
     regressed_effect = rank_effect(baseline_points, canary_points, plan.regressed_tolerance, plan.floor, "upper")
-    z_slower, degrees = spread_z(*slower_effect, spread, weights)
-    z_within, _ = spread_z(*within_effect, spread, weights)
-    z_healthy, _ = spread_z(*healthy_effect, spread, weights)
-    z_regressed, _ = spread_z(*regressed_effect, spread, weights)
+    effects = (slower_effect, within_effect, healthy_effect, regressed_effect)
+    if reference == "learned" and noise is not None:
+        (z_slower, degrees), (z_within, _), (z_healthy, _), (z_regressed, _) = (
+            learned_z(*effect, noise, weights, look) for effect in effects
+        )
+    elif reference == "canary" and noise is not None:
+        (z_slower, degrees), (z_within, _), (z_healthy, _), (z_regressed, _) = (
+            canary_z(*effect, noise, weights, own, interval_weights) for effect in effects
+        )
+    else:
+        z_slower, degrees = spread_z(*slower_effect, spread, weights)
+        z_within, _ = spread_z(*within_effect, spread, weights)
+        z_healthy, _ = spread_z(*healthy_effect, spread, weights)
+        z_regressed, _ = spread_z(*regressed_effect, spread, weights)
     slower, _ = rank_effect(baseline_points, canary_points, 0.0, 0.0)
     verdict: RankVerdict = (
         "Undecided" if reference == "intervals" and replicates < FEWEST_INTERVALS
@@ -181,6 +213,13 @@ def rank_test(
         else "Successful" if z_within <= -promote_critical and z_regressed <= -regressed_critical
         else "Undecided"
     )  # fmt: skip
+    if verdict == "Failed" and reference == "learned" and own.degrees < 1 and CONFIRM_UNCHECKED:
+        # No interval has tested the assumption that the canary is as quiet as its baseline yet: a rollback also
+        # needs the step's own estimate (a noisier canary must not be rolled back on the baseline's noise).
+        z_step, _ = spread_z(*slower_effect, spread, weights)
+        z_step_healthy, _ = spread_z(*healthy_effect, spread, weights)
+        if not (z_step >= rollback_critical and z_step_healthy >= healthy_critical):
+            verdict = "Undecided"
     return RankResult(
         verdict=verdict,
         z_slower=z_slower,
@@ -196,6 +235,8 @@ def rank_test(
         degrees=degrees,
         reference=reference,
         intervals=replicates,
+        noise=noise if reference in ("learned", "canary") else None,
+        unlearned=unlearned,
     )
 
 
@@ -210,6 +251,7 @@ def assess_rank(
     at: str,
     query: str | None = None,
     intervals: IntervalBuckets | None = None,
+    noise: FleetNoise | None = None,
 ) -> Measurement:
     """The rank test's verdict at ``look`` (1 = the step's first interval) on the ``pooled`` (baseline, canary)
     buckets of each pod since the step began; the ``interval``'s quantiles are recorded for people, as the quantile
@@ -232,7 +274,7 @@ def assess_rank(
                 f"baseline x{1 + plan.rollback_tolerance:g} nor within x{1 + plan.promote_tolerance:g}"
             ),
         )  # fmt: skip
-    result = rank_test(pooled[0], pooled[1], plan, look, intervals)
+    result = rank_test(pooled[0], pooled[1], plan, look, intervals, noise)
     rollback_critical, healthy_critical, promote_critical, regressed_critical = plan.critical(look)
     outcome = {
         "Failed": f"slower than baseline x{1 + plan.rollback_tolerance:g}",
@@ -254,6 +296,16 @@ def assess_rank(
 
 
 def _pods(result: RankResult) -> str:
+    baseline, canary = result.pods
+    degrees = f"df {min(result.degrees, 999):.1f}"
+    if result.noise is not None and result.reference == "canary":
+        return f"pods {baseline}+{canary}, {result.unlearned}; node offsets {result.noise.describe()}; {degrees}"
+    if result.noise is not None:
+        return f"pods {baseline}+{canary}, {result.noise.describe()}; {degrees}"
+    return _estimated(result)
+
+
+def _estimated(result: RankResult) -> str:
     baseline, canary = result.pods
     if result.reference == "requests":
         return f"{NO_POD_REFERENCE}, requests alone"
@@ -298,12 +350,22 @@ def assess_latency_check(
     at: str,
     query: str | None = None,
     intervals: IntervalBuckets | None = None,
+    noise: FleetNoise | None = None,
 ) -> Measurement:
     """One latency check as the operator judges it (the Prometheus adapter and benchmarks/bench_analysis.py both
     call this): the rank test on each pod's ``pooled`` buckets, or the quantile test on the ``interval``'s."""
     if check.test == "rank" and pooled is not None:
         return assess_rank(
-            check, spec, interval, pooled, look=look, requests=requests, at=at, query=query, intervals=intervals
+            check,
+            spec,
+            interval,
+            pooled,
+            look=look,
+            requests=requests,
+            at=at,
+            query=query,
+            intervals=intervals,
+            noise=noise,
         )
     baseline, canary = (_quantile(check.quantile, buckets) for buckets in interval)
     gate = RequestGate(requests, spec.min_requests)

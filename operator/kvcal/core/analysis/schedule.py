@@ -7,11 +7,12 @@ a measurement is due, the rollout machine when to look again, the reconciler whi
 Prometheus adapter which look it measures: all of them here.
 """
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from kvcal.core.timestamps import parse_rfc3339
 from kvcal.models.spec import AnalysisSpec
-from kvcal.models.status import AnalysisStatus, KVCalibrationStatus, Phase
+from kvcal.models.status import AnalysisStatus, KVCalibrationStatus, NoiseStatus, Phase
 
 # Looks per analysis step, as a multiple of successfulIntervals (the consecutive confident looks a promotion needs).
 LOOKS_PER_SUCCESSFUL_INTERVAL = 2
@@ -30,6 +31,29 @@ def measurement_due(spec: AnalysisSpec, status: KVCalibrationStatus, now: dateti
     """Whether the reconciler should query metrics and probes now (only while Analyzing)."""
     due = next_measurement_at(spec, status.analysis)
     return status.phase == Phase.ANALYZING and due is not None and now >= due
+
+
+def noise_due(spec: AnalysisSpec, status: KVCalibrationStatus, now: datetime) -> bool:
+    """Whether the reconciler should learn the baseline pods' noise from their history now: while a canary is
+    deployed or analyzed (before the first step's first measurement too), for a rank-tested metric whose noise the
+    status lacks or learned more than spec.history.refresh ago."""
+    if not spec.history.learn or status.phase not in (Phase.DEPLOYING, Phase.ANALYZING):
+        return False
+    learned = {noise.metric: noise.learned_at for noise in status.noise}
+    refresh = timedelta(seconds=spec.history.refresh_seconds)
+    for check in spec.latency:
+        if check.test != "rank":
+            continue
+        at = learned.get(check.metric)
+        if at is None or parse_rfc3339(at) + refresh <= now:
+            return True
+    return False
+
+
+def with_noise(status: Sequence[NoiseStatus], learned: Sequence[NoiseStatus]) -> list[NoiseStatus]:
+    """The status' noise with the metrics just ``learned`` replaced, in metric order."""
+    merged = {noise.metric: noise for noise in status} | {noise.metric: noise for noise in learned}
+    return [merged[metric] for metric in sorted(merged)]
 
 
 def query_window_seconds(spec: AnalysisSpec, status: AnalysisStatus, now: datetime, intervals: int = 3) -> float:
