@@ -518,8 +518,8 @@ LEARNED_ROWS = [
     Row("lognormal", 300, TODAY, learned=True),
     *(Row("lognormal", 300, Pods(baseline=9, own=own, node=node), learned=True)
       for own in (0.05, 0.10, 0.15) for node in (0.02, 0.04)),
-    *(Row("lognormal", 300, Pods(baseline=9, own=0.05, node=0.02, canary_own=own), learned=True)
-      for own in (0.10, 0.20)),
+    *(Row("lognormal", 300, Pods(baseline=9, own=own, node=0.02, canary_own=noisier), learned=True)
+      for own, noisier in ((0.10, 0.15), (0.05, 0.10), (0.05, 0.20))),
     Row("lognormal", 300, Pods(baseline=4, own=0.05, node=0.02), learned=True),
 ]  # fmt: skip
 

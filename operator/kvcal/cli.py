@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "abort": ("kvcal.ctl", "abort a KVCalibration: roll back the canary"),
     "retry": ("kvcal.ctl", "re-run the analysis of a rolled-back or failed KVCalibration"),
     "recalibrate": ("kvcal.ctl", "calibrate a finished KVCalibration anew (a spec change never restarts it)"),
+    "plan": ("kvcal.sizing", "size a canary with the noise learned from the baseline's history (status.noise)"),
     "promotion-patch": ("kvcal.gitpatch", "print the promotion as a patch to commit to Git (Argo CD)"),
 }
 

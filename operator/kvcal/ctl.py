@@ -183,6 +183,9 @@ def render_status(obj: dict[str, Any], lifecycle: Lifecycle = LIFECYCLE) -> str:
         ]),
     ]  # fmt: skip
     sections.append((f"KV capacity ({st.capacity.measured_at})", _capacity_lines(st.capacity, limits)))
+    sections.append(("Latency noise (kvcal plan sizes the canary with it)", [
+        f"{noise.metric}: {noise.source} at {noise.learned_at}: {noise.message}" for noise in st.noise
+    ]))  # fmt: skip
     if analysis.measurements:
         last = last_interval(analysis.measurements)
         sections.append((f"Last measurements ({last[0].at})", [_measurement_line(measurement) for measurement in last]))

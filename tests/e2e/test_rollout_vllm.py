@@ -311,6 +311,10 @@ def test_slow_canary_rolls_back_then_fixed_canary_promotes(real: Real, model_dir
         assert f'kvcal_dev_calibration="{NAME}",role="canary"' in m["query"], m["query"]
     requests = by_metric(obj, "requests")[-1]
     assert requests["baseline"] >= 5 and requests["canary"] >= 5, requests
+    # The operator asked Prometheus for the baseline's history when the canary was deployed: one baseline pod (and
+    # minutes of it) cannot tell its own noise from the fleet's load, so the status says why and the step estimates it.
+    noise = {each["metric"]: each for each in obj["status"].get("noise", [])}
+    assert noise["ttft"]["source"] == "estimated" and "two pods answering" in noise["ttft"]["message"], noise
     agreement = by_metric(obj, "tokenAgreement")
     assert agreement and all(m["canary"] is not None for m in agreement), agreement  # real probes, real answers
     assert {m["phase"] for m in by_metric(obj, "kvCapacity")} == {"Successful"}  # FP8 took effect: TTFT failed it

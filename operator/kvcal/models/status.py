@@ -266,14 +266,21 @@ class NoiseStatus(Model):
     node_variance: float | None = Field(
         default=None, description="A pod's fixed offset (its node), as a variance of the rank test's effect."
     )
-    node_variance_upper: float | None = Field(
-        default=None, description="Its upper 90% confidence bound (sets the test's degrees of freedom)."
-    )
     node_degrees: int | None = Field(default=None, description="The node variance's degrees of freedom (pods - 1).")
     own_variance: float | None = Field(
         default=None, description="A pod's own load in one interval, as a variance of the rank test's effect."
     )
     own_degrees: int | None = Field(default=None, description="The own-load variance's degrees of freedom.")
+    requests_per_pod: float | None = Field(
+        default=None, description="A baseline pod's mean requests per analysis interval in the history."
+    )
+    slowdown_effect: float | None = Field(
+        default=None,
+        description=(
+            "The rank test's effect (P(slower) - 1/2) of a canary 10% slower than the history's latencies "
+            "(kvcal plan sizes the canary with it)."
+        ),
+    )
 
 
 class KVCacheRole(Model):

@@ -23,7 +23,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from kvcal.core.analysis.histograms import Buckets, cumulative_counts
+from kvcal.core.analysis.histograms import Buckets, cumulative_counts, pool, rank_effect
 from kvcal.core.analysis.podspread import (
     SPREAD_BOUND,
     PodSpread,
@@ -41,6 +41,9 @@ FEWEST_HISTORY_INTERVALS = 12
 # power, never a wrong verdict); a noisier one falls back sooner the lower the boundary.
 GUARD_ALPHA = 0.05
 
+# The slowdown whose effect the status keeps: sizing scales it to the regression it asks about.
+SLOWDOWN = 0.10
+
 # One sampled interval of the history: each baseline pod's bucket counts over one analysis interval, by pod.
 HistoryInterval = Mapping[str, Buckets]
 
@@ -51,16 +54,17 @@ class FleetNoise:
 
     node: float  # a pod's fixed offset (its node): variance, >= 0
     own: float  # a pod's own load in one interval: variance, >= 0
-    node_upper: float  # node's upper SPREAD_BOUND confidence bound (sets the test's degrees of freedom)
     node_degrees: int  # pods - 1
     own_degrees: int
     pods: int  # distinct baseline pods in the history
     intervals: int  # sampled intervals with two pods or more
+    requests: float = 0.0  # a baseline pod's mean requests per interval (for sizing)
+    slowdown: float = 0.0  # the effect of a canary 10% slower than this fleet's latencies (for sizing)
 
-    def pooled_variance(self, intervals: int, *, upper: bool = False) -> float:
+    def pooled_variance(self, intervals: int) -> float:
         """The variance of one pod's effect pooled over ``intervals`` intervals of a step (its node's and its own
-        load's, averaged over the intervals); ``upper``: with the node's upper bound."""
-        return (self.node_upper if upper else self.node) + self.own / max(intervals, 1)
+        load's, averaged over the intervals)."""
+        return self.node + self.own / max(intervals, 1)
 
     def describe(self) -> str:
         return (
@@ -75,6 +79,7 @@ def learn_noise(history: Sequence[HistoryInterval]) -> FleetNoise | str:
     analysis interval), or why it cannot be learned (a sentence)."""
     deviations: dict[str, list[tuple[float, float]]] = {}  # pod -> (deviation, its request variance) per interval
     used = 0
+    whole: list[list[tuple[float, float]]] = []  # every answering pod's histogram of every interval
     for interval in history:
         names = sorted(name for name, buckets in interval.items() if buckets)
         histograms = [cumulative_counts(interval[name]) for name in names]
@@ -82,6 +87,7 @@ def learn_noise(history: Sequence[HistoryInterval]) -> FleetNoise | str:
         if len(answered) < 2:
             continue
         used += 1
+        whole += [pod for _, pod in answered]
         effects, variances = pod_deviations([pod for _, pod in answered])
         for (name, _), effect, variance in zip(answered, effects, variances, strict=True):
             deviations.setdefault(name, []).append((effect, variance))
@@ -119,10 +125,11 @@ def learn_noise(history: Sequence[HistoryInterval]) -> FleetNoise | str:
     leftover = sum((own + variance * pods / (pods - 1)) / count for variance, count in
                    zip(mean_variances, counts, strict=True)) / pods  # fmt: skip
     node = max(0.0, between / node_degrees - leftover)
-    node_upper = max(0.0, between / chi_square_quantile(1 - SPREAD_BOUND, node_degrees) - leftover)
+    fleet = pool(whole)
     return FleetNoise(
-        node=node, own=own, node_upper=max(node, node_upper), node_degrees=node_degrees, own_degrees=own_degrees,
-        pods=pods, intervals=used,
+        node=node, own=own, node_degrees=node_degrees, own_degrees=own_degrees, pods=pods, intervals=used,
+        requests=sum(pod[-1][1] for pod in whole) / len(whole),
+        slowdown=-rank_effect(fleet, fleet, SLOWDOWN, 0.0)[0],
     )  # fmt: skip
 
 
@@ -130,15 +137,15 @@ def learned_z(
     effect: float, request_deviation: float, noise: FleetNoise, weights: float, intervals: int
 ) -> tuple[float, float]:
     """(z, degrees of freedom) of an effect whose variance is its requests' plus ``weights`` x one pod's pooled
-    variance over ``intervals`` (``FleetNoise.pooled_variance``), read as Student's t at Satterthwaite's degrees
-    (computed with the node's upper bound, as ``spread_z`` does) and put on the normal scale."""
+    variance over ``intervals`` (``FleetNoise.pooled_variance``), read as Student's t at Satterthwaite's degrees and
+    put on the normal scale. The degrees are computed from the estimates themselves: the history's are free of the
+    requests' noise (unlike a step's few pods, whose spread ``spread_z`` bounds from above)."""
     variance = request_deviation**2 + weights * noise.pooled_variance(intervals)
     if variance <= 0:
         return 0.0, math.inf
-    node, own = weights * noise.node_upper, weights * noise.own / max(intervals, 1)
+    node, own = weights * noise.node, weights * noise.own / max(intervals, 1)
     spread = (node**2 / noise.node_degrees if noise.node_degrees else 0.0) + own**2 / max(noise.own_degrees, 1)
-    upper = request_deviation**2 + node + own
-    degrees = upper**2 / spread if spread > 0 else math.inf
+    degrees = variance**2 / spread if spread > 0 else math.inf
     return normal_equivalent(effect / math.sqrt(variance), degrees), degrees
 
 
@@ -173,12 +180,12 @@ def canary_z(
     """(z, degrees of freedom) where the canary is noisier than its baseline's history allows: the nodes' variance
     as learned (``pod_weights`` x node: a node offset stays with a pod, no interval shows it), the pods' own load as
     the step's intervals show it (``own``, ``interval_spread``'s: the canary's own and the baseline pool's share,
-    ``interval_weights`` of it in the pooled effect), read as Student's t at Satterthwaite's degrees with both parts
-    at their upper bounds."""
+    ``interval_weights`` of it in the pooled effect), read as Student's t at Satterthwaite's degrees with the step's
+    part at its upper bound (a few intervals, read through their requests' noise)."""
     variance = request_deviation**2 + pod_weights * noise.node + interval_weights * own.excess
     if variance <= 0:
         return 0.0, math.inf
-    node = pod_weights * noise.node_upper
+    node = pod_weights * noise.node
     spread = node**2 / noise.node_degrees if noise.node_degrees else 0.0
     upper_own = 0.0
     if own.degrees:
@@ -199,8 +206,9 @@ def noise_status(metric: LatencyMetric, learned: FleetNoise | str, at: str) -> N
         )  # fmt: skip
     return NoiseStatus(
         metric=metric, source="learned", learned_at=at, message=learned.describe(), pods=learned.pods,
-        intervals=learned.intervals, node_variance=learned.node, node_variance_upper=learned.node_upper,
-        node_degrees=learned.node_degrees, own_variance=learned.own, own_degrees=learned.own_degrees,
+        intervals=learned.intervals, node_variance=learned.node, node_degrees=learned.node_degrees,
+        own_variance=learned.own, own_degrees=learned.own_degrees, requests_per_pod=learned.requests,
+        slowdown_effect=learned.slowdown,
     )  # fmt: skip
 
 
@@ -208,12 +216,12 @@ def from_status(noise: Sequence[NoiseStatus]) -> dict[str, FleetNoise]:
     """The learned noise of each metric in the status (``noise_status`` read back)."""
     out: dict[str, FleetNoise] = {}
     for each in noise:
-        numbers = (each.node_variance, each.node_variance_upper, each.own_variance, each.node_degrees, each.own_degrees)
+        numbers = (each.node_variance, each.own_variance, each.node_degrees, each.own_degrees)
         if each.source != "learned" or any(number is None for number in numbers) or each.pods is None:
             continue
         out[each.metric] = FleetNoise(
-            node=each.node_variance or 0.0, own=each.own_variance or 0.0, node_upper=each.node_variance_upper or 0.0,
-            node_degrees=each.node_degrees or 0, own_degrees=each.own_degrees or 0, pods=each.pods,
-            intervals=each.intervals or 0,
+            node=each.node_variance or 0.0, own=each.own_variance or 0.0, node_degrees=each.node_degrees or 0,
+            own_degrees=each.own_degrees or 0, pods=each.pods, intervals=each.intervals or 0,
+            requests=each.requests_per_pod or 0.0, slowdown=each.slowdown_effect or 0.0,
         )  # fmt: skip
     return out

@@ -7,6 +7,7 @@ from typing import TypeVar
 import pytest
 
 from kvcal.core.analysis import plan, promql
+from kvcal.core.analysis.fleetnoise import FleetNoise
 from kvcal.core.analysis.histograms import Buckets
 from kvcal.core.analysis.plan import Answers, Failure, Plan, Query
 from kvcal.core.analysis.ranktest import FEWEST_INTERVALS, assess_latency_check
@@ -20,7 +21,7 @@ from kvcal.core.analysis.verdict import (
     assess_requests,
     quantile_from_buckets,
 )
-from kvcal.models.spec import AnalysisSpec, LatencyCheck
+from kvcal.models.spec import AnalysisSpec, LatencyCheck, NoiseHistory
 
 AT = "2026-01-02T03:04:05Z"
 SELECTOR = promql.pod_label_selector("ns", "llm", {"app": "llm"})
@@ -240,3 +241,43 @@ def test_the_kv_cache_plan_reads_each_roles_configurations() -> None:
     answers.failures["kvCapacity"] = Failure(queries.queries[0].expression, "refused", unusable=True)
     failed = plan.kv_cache_readings(queries, answers)
     assert (failed.query, failed.error) == (queries.queries[0].expression, "refused")
+
+
+NOISE = FleetNoise(node=1e-4, own=8e-4, node_degrees=8, own_degrees=760, pods=9, intervals=96, requests=300,
+                   slowdown=0.047)  # fmt: skip
+
+
+def test_with_learned_noise_the_step_intervals_are_always_asked_for_its_guard() -> None:
+    spec = spec_with(RANK)
+    queries = plan.analysis_plan(spec, SELECTOR, plan.windows(spec, 60, 180), learned={"ttft": NOISE})
+    assert queries.learned == frozenset({"ttft-p95"})
+    subquery, _ = (query for query in queries.queries if query.template == "latency_interval_counts")
+    answers = Answers()
+    pods = [histogram(random.Random(1), 100) for _ in range(9)]
+    answers.pod_buckets[plan.query_name("ttft-p95", "latency_pod_counts", "baseline")] = pods
+    answers.pod_buckets[plan.query_name("ttft-p95", "latency_pod_counts", "canary")] = pods[:1]
+    assert not plan.needed(subquery, answers)  # 9 baseline pods: no replicates needed without learned noise
+    assert plan.needed(subquery, answers, queries.learned)
+
+
+def test_the_history_plan_samples_the_baselines_pods_over_the_lookback() -> None:
+    spec = spec_with(RANK, QUANTILE).model_copy(
+        update={"history": NoiseHistory(lookback="24h", samples=96)}
+    )  # the quantile test learns nothing
+    (query,) = plan.history_plan(spec, SELECTOR).queries
+    assert (query.feeds, query.role, query.shape) == ("ttft", "baseline", "history")
+    assert query.expression.startswith("(sum by (pod, instance, le) (increase({")
+    assert query.expression.endswith("[60s])))[86400s:900s]")
+    assert SELECTOR.for_role("baseline") in query.expression
+
+
+def test_the_history_answers_become_each_metrics_noise_or_its_reason() -> None:
+    spec = spec_with(RANK, LatencyCheck(metric="itl", test="rank"))
+    answers = Answers()
+    answers.failures["itl"] = Failure("q", "Prometheus 'default' answered HTTP 422: bad query", unusable=False)
+    answers.history[plan.query_name("ttft", "latency_history", "baseline")] = [
+        {"pod-a": histogram(random.Random(seed), 300)} for seed in range(20)
+    ]
+    itl, ttft = plan.learned_noise(spec, answers, AT)
+    assert (ttft.metric, ttft.source) == ("ttft", "estimated") and "two pods answering" in (ttft.message or "")
+    assert (itl.metric, itl.source) == ("itl", "estimated") and "the query failed" in (itl.message or "")
