@@ -521,6 +521,8 @@ LEARNED_ROWS = [
     *(Row("lognormal", 300, Pods(baseline=9, own=own, node=0.02, canary_own=noisier), learned=True)
       for own, noisier in ((0.10, 0.15), (0.05, 0.10), (0.05, 0.20))),
     Row("lognormal", 300, Pods(baseline=4, own=0.05, node=0.02), learned=True),
+    *(Row("lognormal", 300, Pods(baseline=4, canary=canary, own=0.10, node=0.05), learned=True)
+      for canary in (1, 2, 4)),  # the sizing table's conditions
 ]  # fmt: skip
 
 # The rows whose promoted regressions read above 1% in the default run (4 to 8 of 300: a count of a few is mostly

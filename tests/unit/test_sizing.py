@@ -60,7 +60,9 @@ def test_plan_prints_a_row_per_canary_size_and_says_what_it_lacks() -> None:
     assert "300 requests per pod and interval; 9 baseline pods, first step" in lines[0]
     assert "+15% rolled back <=3" in lines[1]
     assert [line.split()[0] for line in lines[2:4]] == ["1", "2"]
-    assert lines[4] == "itl: no learned noise: history: 1 baseline pod(s) seen: the rank test estimates the pods' noise in each step"
+    assert lines[4] == (
+        "itl: no learned noise: history: 1 baseline pod(s) seen: the rank test estimates the pods' noise in each step"
+    )
 
 
 @pytest.mark.parametrize("noise", [[], None])

@@ -56,6 +56,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="LAYER",
         help="layers vLLM keeps in BF16 (--runtime checks they are, and that the others are FP8)",
     )
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        metavar="PROMPTS",
+        help="also run these prompts (JSONL, the calibration dataset's formats) through the checkpoint's BF16 weights "
+        "and fail layers whose K/V clip under its scales or use a sliver of their range (needs torch + transformers)",
+    )
+    p.add_argument("--data-samples", type=int, default=32, help="prompts read from --data (default 32)")
+    p.add_argument("--data-max-length", type=int, default=512, help="tokens per prompt for --data (default 512)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of lines")
     p.add_argument(
         "--termination-log",
@@ -75,6 +85,20 @@ def run(args: argparse.Namespace) -> int:
     notes: list[str] = []
     mismatches = 0
     loaded: list[dict[str, Any]] = []
+    on_data: dict[str, Any] | None = None
+    if args.data is not None:
+        from kvcal.verify import data
+
+        try:
+            on_prompts = data.check_data(
+                args.checkpoint, result, args.data, samples=args.data_samples, max_length=args.data_max_length
+            )
+        except (OSError, ValueError) as err:
+            print(f"kvcal verify --data: {err}", file=sys.stderr)
+            return 2
+        problems += on_prompts.problems
+        notes.append(data.lines(on_prompts)[-1])
+        on_data = on_prompts.to_json()
     if args.runtime:
         from kvcal.verify import runtime
 
@@ -122,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
             "scales": {str(n): {"k": list(s.k), "v": list(s.v), "q": list(s.q)} for n, s in result.scales.items()},
             "protectedLayers": args.kv_cache_dtype_skip_layers,
             "loaded": loaded,
+            "data": on_data,
         }
         print(json.dumps(doc, indent=1))
     else:
@@ -131,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"note: {note}")
         workers = f" of {args.tensor_parallel_size} workers" if args.tensor_parallel_size > 1 else ""
         checked = f"checkpoint and vLLM read-back{workers}" if args.runtime else "checkpoint"
+        checked += " and prompts" if args.data is not None else ""
         verdict = "OK" if ok else f"FAILED ({len(problems)} problems)"
         print(
             f"{verdict}: {checked}, {result.shape.layers} layers, strategy {result.strategy}, {mismatches} mismatches"

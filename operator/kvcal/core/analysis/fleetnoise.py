@@ -134,16 +134,23 @@ def learn_noise(history: Sequence[HistoryInterval]) -> FleetNoise | str:
 
 
 def learned_z(
-    effect: float, request_deviation: float, noise: FleetNoise, weights: float, intervals: int
+    effect: float,
+    request_deviation: float,
+    noise: FleetNoise,
+    weights: float,
+    intervals: int,
+    canary_allowance: float = 0.0,
 ) -> tuple[float, float]:
     """(z, degrees of freedom) of an effect whose variance is its requests' plus ``weights`` x one pod's pooled
     variance over ``intervals`` (``FleetNoise.pooled_variance``), read as Student's t at Satterthwaite's degrees and
     put on the normal scale. The degrees are computed from the estimates themselves: the history's are free of the
-    requests' noise (unlike a step's few pods, whose spread ``spread_z`` bounds from above)."""
-    variance = request_deviation**2 + weights * noise.pooled_variance(intervals)
+    requests' noise (unlike a step's few pods, whose spread ``spread_z`` bounds from above). ``canary_allowance``:
+    more own-load variance counted (in units of the canary pods' share of it) where nothing has tested the canary."""
+    own_weights = weights + canary_allowance
+    variance = request_deviation**2 + weights * noise.node + own_weights * noise.own / max(intervals, 1)
     if variance <= 0:
         return 0.0, math.inf
-    node, own = weights * noise.node, weights * noise.own / max(intervals, 1)
+    node, own = weights * noise.node, own_weights * noise.own / max(intervals, 1)
     spread = (node**2 / noise.node_degrees if noise.node_degrees else 0.0) + own**2 / max(noise.own_degrees, 1)
     degrees = variance**2 / spread if spread > 0 else math.inf
     return normal_equivalent(effect / math.sqrt(variance), degrees), degrees

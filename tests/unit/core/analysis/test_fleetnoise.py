@@ -19,6 +19,8 @@ from kvcal.core.analysis.fleetnoise import (
 )
 from kvcal.core.analysis.histograms import cumulative_counts
 from kvcal.core.analysis.podspread import interval_spread
+from kvcal.core.analysis.ranktest import assess_rank
+from kvcal.models.spec import AnalysisSpec, LatencyCheck
 
 
 def history(
@@ -144,3 +146,37 @@ def test_the_status_round_trip_keeps_what_the_test_uses() -> None:
     assert from_status([status]) == {"ttft": noise}
     short = noise_status("itl", "history: 1 baseline pod(s) seen", "2026-12-07T00:00:00Z")
     assert short.source == "estimated" and from_status([short]) == {}
+
+
+def test_the_measurement_names_the_noise_it_used() -> None:
+    """A 9+1 step's look 4 with the learned noise: the message names it; the same look of a canary whose intervals
+    vary far beyond it says the canary's own intervals measure its load instead."""
+    noise = learned(seed=9, own=0.05)
+    rng = np.random.default_rng(10)
+
+    def draw(requests: int, scale: float) -> list[tuple[float, float]]:
+        samples = np.exp(rng.normal(0.0, 0.5, requests)) * scale
+        counts = np.bincount(np.searchsorted(TTFT_BUCKETS, samples), minlength=len(TTFT_BUCKETS) + 1)
+        return as_buckets(counts, TTFT_BUCKETS)
+
+    def step(canary_own: float) -> tuple[list[list[tuple[float, float]]], ...]:
+        loads = [0.2 * math.exp(rng.normal(0.0, 0.15)) for _ in range(4)]
+        base = [[draw(300, load) for load in loads] for _ in range(9)]  # per pod, per interval
+        canary = [draw(300, load * math.exp(rng.normal(0.0, canary_own))) for load in loads]
+        pooled_base = [pooled(pod) for pod in base]
+        by_interval = [pooled([pod[i] for pod in base]) for i in range(4)]
+        return pooled_base, [pooled(canary)], by_interval[1:], canary[1:]
+
+    spec = AnalysisSpec(latency=[LatencyCheck(metric="ttft")])
+    for canary_own, says in ((0.0, "noise learned from 96 intervals of 9 baseline pods"),
+                             (0.5, "its own intervals measure it")):  # fmt: skip
+        base, canary, base_intervals, canary_intervals = step(canary_own)
+        measured = assess_rank(
+            spec.latency[0], spec, (base[0], canary[0]), (base, canary), look=4, requests=None, at="t",
+            intervals=(base_intervals, canary_intervals), noise=noise,
+        )  # fmt: skip
+        assert says in (measured.message or ""), measured.message
+
+
+def pooled(histograms: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
+    return [(le, sum(each[i][1] for each in histograms)) for i, (le, _) in enumerate(histograms[0])]
