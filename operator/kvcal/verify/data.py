@@ -128,7 +128,7 @@ def check_data(
             for record in records:
                 sample = data.truncate(data.render(record, tokenizer), max_length, record.source, record.kind)
                 tokens += len(sample.input_ids)
-                model(torch.tensor([sample.input_ids]), use_cache=False)
+                model(torch.tensor([sample.input_ids], device=model.device), use_cache=False)
     finally:
         detach(handles)
     tap.to_cpu()
@@ -178,7 +178,9 @@ def _load(directory: Path) -> tuple[Any, Any]:
     config = AutoConfig.from_pretrained(directory)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    model = AutoModelForCausalLM.from_pretrained(directory, config=config, dtype=torch.bfloat16)
+    # On the GPUs where there are some (the layers spread over them as they fit), else on the CPU.
+    placement = {"device_map": "auto"} if torch.cuda.is_available() else {}
+    model = AutoModelForCausalLM.from_pretrained(directory, config=config, dtype=torch.bfloat16, **placement)
     model.eval()  # type: ignore[no-untyped-call]
     return model, AutoTokenizer.from_pretrained(directory)
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 from kvcal.verify import bundle
 
-# A stock vllm/vllm-openai image has python3, vLLM and vLLM's own dependencies; kvcal is not installed.
-STOCK_IMAGE_MODULES = {"vllm", "torch"}
+# A stock vllm/vllm-openai image has python3, vLLM and vLLM's own dependencies (torch, transformers and
+# compressed-tensors among them: vLLM requires all three); kvcal is not installed.
+STOCK_IMAGE_MODULES = {"vllm", "torch", "transformers", "compressed_tensors"}
 
 
 def test_bundle_holds_the_verifier_and_only_it(tmp_path: Path) -> None:
@@ -20,8 +21,13 @@ def test_bundle_holds_the_verifier_and_only_it(tmp_path: Path) -> None:
     assert names == [
         "__main__.py",
         "kvcal/__init__.py",
+        "kvcal/calibrator/__init__.py",  # --data: the calibrator's taps and prompt reading, in the image's torch
+        "kvcal/calibrator/data.py",
+        "kvcal/calibrator/quant.py",
+        "kvcal/calibrator/taps.py",
         "kvcal/verify/__init__.py",
         "kvcal/verify/cli.py",
+        "kvcal/verify/data.py",
         "kvcal/verify/digest.py",
         "kvcal/verify/names.py",
         "kvcal/verify/problems.py",
