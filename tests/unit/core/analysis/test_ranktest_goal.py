@@ -17,6 +17,7 @@ vLLM's TTFT buckets, ~300 canary requests per interval, the default spec).
 import numpy as np
 import pytest
 from benchmarks.bench_analysis import (
+    HISTORY_INTERVALS,
     RANK,
     RANK_ITL,
     RANK_ITL_5MS,
@@ -24,6 +25,7 @@ from benchmarks.bench_analysis import (
     TODAY,
     Pods,
     evaluate,
+    learn_history,
     operator_decider,
     oracle_decider,
     simulate,
@@ -111,3 +113,29 @@ def test_more_canary_pods_reach_the_efficiency_goals() -> None:
         result = evaluate(operator_decider(RANK), regressed, healthy, runs)
         assert result["false"] <= 1.0 and result["missed"] <= 1.0, result
         assert result[goal] >= 90.0, (goal, result)
+
+
+@pytest.mark.parametrize(
+    ("pods", "goal"), [(TODAY, "detect3"), (Pods(own=0.05), "oracle")], ids=["today", "own-load-5%"]
+)
+def test_the_noise_learned_from_history_decides_near_the_oracle(pods: Pods, goal: str) -> None:
+    """The rank test with the noise learned from 96 sampled past intervals of the 9 baseline pods (issue goals, at
+    ~300 canary requests per interval): the guarantee holds; in today's conditions it rolls back 15% regressions
+    within 3 intervals about as often as a verdict told the pods' noise (92% in the benchmark; 82% estimated in the
+    step); with each pod's own load at 5% it catches within 10 intervals, and promotes healthy canaries within 15,
+    at least 85% as often as that oracle (91% and 95% in the benchmark's draws)."""
+    rng = np.random.default_rng([0, 38])
+    runs = 300
+    regressed = simulate(rng, SCENARIOS["lognormal"], runs, 300, regressed=True, pods=pods)
+    healthy = simulate(rng, SCENARIOS["lognormal"], runs, 300, regressed=False, pods=pods)
+    history = np.random.default_rng([0, 38, 2])
+    for sim in (regressed, healthy):
+        learn_history(history, SCENARIOS["lognormal"], sim, 300, pods, HISTORY_INTERVALS)
+    learned = evaluate(operator_decider(RANK, learned=True), regressed, healthy, runs)
+    assert learned["false"] <= 1.0 and learned["missed"] <= 1.0, learned
+    if goal == "detect3":
+        assert learned["detect3"] >= 88.0 and learned["promoted"] >= 95.0, learned
+        return
+    known = evaluate(oracle_decider(RANK, pods, "known"), regressed, healthy, runs)
+    assert learned["detect10"] >= 0.85 * known["detect10"], (learned, known)
+    assert learned["promoted"] >= 0.85 * known["promoted"], (learned, known)
