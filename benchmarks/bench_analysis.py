@@ -32,8 +32,12 @@ Rows, all on the same simulated rollouts:
 - ``oracle, the pods' noise known`` (every row): the same with the variance the pods' node offsets and own load add,
   as the simulation drew them, known instead of estimated: what estimating it from a few pods costs, against the
   row above (a price any verdict pays that must hold for pods whose noise nobody stated).
+- ``kvcal rank, noise learned`` (the last rows): the operator's rank test with the noise its ``learn_noise`` reads
+  from a history of HISTORY_INTERVALS sampled past intervals of the same baseline pods (their node offsets, the
+  shared load, their own load; bucket counts drawn from the scenario's distribution), the guard on the step's
+  intervals from the third look as the operator fetches them.
 
-Run: .venv/bin/python benchmarks/bench_analysis.py [--runs 300] [--seed 0] [--quick]
+Run: .venv/bin/python benchmarks/bench_analysis.py [--runs 300] [--seed 0] [--quick | --recheck | --learned]
 """
 
 import argparse
