@@ -34,10 +34,10 @@ def measurement_due(spec: AnalysisSpec, status: KVCalibrationStatus, now: dateti
 
 
 def noise_due(spec: AnalysisSpec, status: KVCalibrationStatus, now: datetime) -> bool:
-    """Whether the reconciler should learn the baseline pods' noise from their history now: while a canary is
-    deployed or analyzed (before the first step's first measurement too), for a rank-tested metric whose noise the
-    status lacks or learned more than spec.history.refresh ago."""
-    if not spec.history.learn or status.phase not in (Phase.DEPLOYING, Phase.ANALYZING):
+    """Whether the reconciler should learn the baseline pods' noise from their history now: from the verification of
+    the checkpoint (before any canary: `kvcal plan` sizes it) through the analysis, for a rank-tested metric whose
+    noise the status lacks or learned more than spec.history.refresh ago."""
+    if not spec.history.learn or status.phase not in (Phase.VERIFYING, Phase.DEPLOYING, Phase.ANALYZING):
         return False
     learned = {noise.metric: noise.learned_at for noise in status.noise}
     refresh = timedelta(seconds=spec.history.refresh_seconds)

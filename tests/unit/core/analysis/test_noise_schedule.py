@@ -19,10 +19,10 @@ LEARNED = noise_status("ttft", NOISE, AT)
 
 @pytest.mark.parametrize(
     ("phase", "due"),
-    [(Phase.PENDING, False), (Phase.VERIFYING, False), (Phase.DEPLOYING, True), (Phase.ANALYZING, True),
+    [(Phase.PENDING, False), (Phase.VERIFYING, True), (Phase.DEPLOYING, True), (Phase.ANALYZING, True),
      (Phase.SUCCEEDED, False)],
 )  # fmt: skip
-def test_learned_while_a_canary_is_deployed_or_analyzed(phase: Phase, due: bool) -> None:
+def test_learned_from_the_verification_on_before_any_canary(phase: Phase, due: bool) -> None:
     analysis = spec().analysis
     assert noise_due(analysis, ANALYZING.model_copy(update={"phase": phase}), NOW) is due
 
