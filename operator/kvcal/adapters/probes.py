@@ -20,7 +20,7 @@ from kvcal.core.guard.redact import redact
 from kvcal.core.timestamps import rfc3339
 from kvcal.models.spec import AnalysisSpec, QualitySpec
 from kvcal.models.status import Measurement
-from kvcal.probes import Suite, at_served_context, builtin_suite, suite_from_configmap
+from kvcal.probes import Suite, at_served_context, builtin_suite, suite_from_configmap, within_budget
 
 Api = Literal["chat", "completions"]
 log = logging.getLogger(__name__)
@@ -49,7 +49,20 @@ def completion_from_reply(body: dict[str, Any]) -> Completion:
         tokens = tuple(str(t) for t in logprobs.get("tokens") or ())
         values = tuple(float(v) for v in logprobs.get("token_logprobs") or ())
         text = choice.get("text") or ""
-    return Completion(text=text, tokens=tokens, logprobs=values, finish_reason=choice.get("finish_reason"))
+    usage = body.get("usage") or {}
+    return Completion(
+        text=text, tokens=tokens, logprobs=values, finish_reason=choice.get("finish_reason"),
+        prompt_tokens=int(usage.get("prompt_tokens") or 0), completion_tokens=int(usage.get("completion_tokens") or 0),
+    )  # fmt: skip
+
+
+def _spent(results: list[ProbeResult], budget: int) -> str:
+    """What the interval's probes cost each role, as the servers counted it."""
+    roles = [
+        sum(side.prompt_tokens + side.completion_tokens for side in sides)
+        for sides in ([r.baseline for r in results], [r.canary for r in results])
+    ]
+    return f"probes spent {roles[0]:,} tokens on the baseline and {roles[1]:,} on the canary (budget {budget:,} each)"
 
 
 def load_suite(spec: QualitySpec, read_configmap: Callable[[str], dict[str, str] | None] | None = None) -> Suite:
@@ -117,16 +130,25 @@ class HttpProbes:
 
     def run(self, spec: QualitySpec | AnalysisSpec, baseline_url: str, canary_url: str) -> list[Measurement]:
         quality = spec.quality if isinstance(spec, AnalysisSpec) else spec
-        at = rfc3339(self._clock())
+        now = self._clock()
+        at = rfc3339(now)
+        # Whose turn it is to start: one turn per analysis interval of the clock, so every probe is sent in turn.
+        interval = spec.interval_seconds if isinstance(spec, AnalysisSpec) else 60.0
+        turn = int(now.timestamp() // max(interval, 1.0))
         results: list[ProbeResult] = []
         skipped: list[str] = []
+        waiting: list[str] = []
         try:
             with self._client() as client:
                 cards = self.model_card(client, baseline_url), self.model_card(client, canary_url)
                 models = cards[0][0], cards[1][0]
                 served = [length for _, length in cards if length]
-                suite = at_served_context(self._suite, min(served) if served else None)
-                for probe in suite.probes:
+                suite = at_served_context(
+                    self._suite, min(served) if served else None, quality.max_probe_context_tokens
+                )
+                sent, waits = within_budget(list(suite.probes), quality.token_budget, turn)
+                waiting = [probe.id for probe in waits]
+                for probe in sent:
                     sides: list[Completion | None] = []
                     for url, model in zip((baseline_url, canary_url), models, strict=True):
                         try:
@@ -146,8 +168,11 @@ class HttpProbes:
         except (httpx.HTTPError, ProbeHTTPError, RuntimeError, KeyError, ValueError) as exc:
             return [error_measurement("probes", f"{type(exc).__name__}: {exc}", at=at)]
         measurements = assess_quality(quality, results, at=at, suite=suite.name)
+        notes = [_spent(results, quality.token_budget)]
+        if waiting:
+            notes.append(f"waiting for a later interval (over the budget): {', '.join(waiting)}")
         if skipped:
-            first = measurements[0]
-            note = f"; skipped (rejected by both): {', '.join(skipped)}"
-            measurements[0] = first.model_copy(update={"message": (first.message or "") + note})
+            notes.append(f"skipped (rejected by both): {', '.join(skipped)}")
+        first = measurements[0]
+        measurements[0] = first.model_copy(update={"message": "; ".join([first.message or "", *notes])})
         return measurements

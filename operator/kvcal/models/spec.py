@@ -725,6 +725,25 @@ class QualitySpec(SpecModel):
         le=1,
         description="Lowest fraction of greedy tokens the canary must agree on with the baseline.",
     )
+    max_probe_context_tokens: int = Field(
+        default=32768,
+        ge=256,
+        le=10_000_000,
+        description=(
+            "The longest probe context: the needle at the served context (85% of --max-model-len) is cut to this, "
+            "so a 128k model is not sent 110k-token probes on production pods every interval."
+        ),
+    )
+    token_budget: int = Field(
+        default=65536,
+        ge=1024,
+        le=100_000_000,
+        description=(
+            "Prompt and completion tokens the probes may spend on each role per interval (estimated before "
+            "sending); the probes over it wait for later intervals, in turn, and the accuracy measurement says "
+            "what each interval spent."
+        ),
+    )
 
     @model_validator(mode="after")
     def _configmap_for_suite(self) -> "QualitySpec":

@@ -19,10 +19,12 @@ __all__ = [
     "SuiteError",
     "at_served_context",
     "builtin_suite",
+    "estimated_cost",
     "needle_length_for",
     "needle_probes",
     "parse_suite",
     "suite_from_configmap",
+    "within_budget",
 ]
 
 CONFIGMAP_KEY = "suite.yaml"
@@ -81,17 +83,48 @@ def builtin_suite(context_tokens: list[int] | None = None, max_model_len: int | 
     return at_served_context(suite, max_model_len)
 
 
-def at_served_context(suite: Suite, max_model_len: int | None) -> Suite:
+def at_served_context(suite: Suite, max_model_len: int | None, longest: int | None = None) -> Suite:
     """The suite plus needle probes at the longest context the server serves, when the suite asks for them
-    (needleAtServedContext) and that length is known: calibration data rarely reaches it, so it is checked here."""
+    (needleAtServedContext) and that length is known: calibration data rarely reaches it, so it is checked here; no
+    longer than ``longest`` tokens (spec.analysis.quality.maxProbeContextTokens)."""
     if not suite.needle_at_served_context or not max_model_len:
         return suite
     length = needle_length_for(max_model_len)
+    if longest is not None:
+        length = min(length, longest)
     if any(p.kind == "needle" and p.context_tokens == length for p in suite.probes):
         return suite
     needle = _data("needle.json")
     needle["contextTokens"] = [length]
     return suite.model_copy(update={"probes": [*suite.probes, *needle_probes(needle)]})
+
+
+# Characters per token of English prose for the budget's estimate (a needle's haystack counts its own tokens).
+CHARS_PER_TOKEN = 4
+
+
+def estimated_cost(probe: Probe) -> int:
+    """Tokens one probe spends on one role, estimated before it is sent: its prompt and its longest answer."""
+    prompt = probe.context_tokens if probe.context_tokens else len(probe.prompt) // CHARS_PER_TOKEN + 1
+    return prompt + probe.max_tokens
+
+
+def within_budget(probes: list[Probe], budget: int, turn: int) -> tuple[list[Probe], list[Probe]]:
+    """(the probes this interval sends, those that wait): from probe ``turn`` (mod the suite's size) on, each probe
+    that still fits ``budget`` tokens per role; turning the start each interval sends every probe in turn."""
+    if not probes:
+        return [], []
+    start = turn % len(probes)
+    order = probes[start:] + probes[:start]
+    sent, waiting, spent = [], [], 0
+    for probe in order:
+        cost = estimated_cost(probe)
+        if spent + cost <= budget:
+            sent.append(probe)
+            spent += cost
+        else:
+            waiting.append(probe)
+    return sent, waiting
 
 
 def _explain(error: ValidationError, source: str) -> str:

@@ -28,6 +28,8 @@ class Completion:
     tokens: tuple[str, ...] = ()
     logprobs: tuple[float, ...] = ()
     finish_reason: str | None = None
+    prompt_tokens: int = 0  # the server's usage count (0 where it gives none)
+    completion_tokens: int = 0
 
 
 @dataclass(frozen=True)
