@@ -73,9 +73,10 @@ Reference = Literal["learned", "canary", "pods", "intervals", "requests"]
 # cannot see (a pod's node stays with it for the whole step).
 NO_POD_REFERENCE = "1 baseline pod and 1 canary pod: node offsets not measured (run 2+ baseline pods)"
 # Before the step's intervals can test the assumption that the canary pod is as quiet as a baseline pod (its first two
-# looks), a rollback counts this many times the learned own-load variance for the canary pods: a healthy canary whose
-# own load varies 1.5x a baseline pod's (2.25x the variance) was rolled back in 2.3% of the benchmark's rollouts
-# without it, 1.3% with it; regressions are still caught as often within 10 intervals, later within 3.
+# looks), a rollback counts this many times the learned own-load variance for the canary pods: most rollbacks of a
+# healthy canary noisier than its baseline came at the second look, and with it the benchmark's noisier-canary rows
+# roll back no more healthy canaries than the step's own estimate did; regressions are caught as often within 10
+# intervals, later within 3.
 EARLY_CANARY_ALLOWANCE = 2.0
 # Two intervals are the fewest that show how the canary's effect varies: before them no decision.
 FEWEST_INTERVALS = 2
