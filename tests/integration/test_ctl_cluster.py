@@ -9,6 +9,7 @@ from kubernetes import client
 
 from kvcal.adapters.router import GatewayApiRouter
 from kvcal.cli import main
+from kvcal.core.analysis.fleetnoise import FleetNoise, noise_status
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.ports import Conflict, Target
 from tests.support.cluster import Cluster
@@ -49,6 +50,30 @@ def test_status_and_gate_annotations(control_plane: Cluster, crd_installed: str,
     assert annotations["kvcal.dev/promote"].endswith("Z") and "kvcal.dev/retry" in annotations
     assert main(["abort", "missing", *args]) == 1
     assert "not found" in capsys.readouterr().err
+
+
+def test_plan_sizes_the_canary_with_the_noise_in_the_status(
+    control_plane: Cluster, crd_installed: str, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The status the API server stores (status.noise, as the operator writes it) is what `kvcal plan` reads."""
+    api = client.CustomObjectsApi(control_plane.api_client())
+    body = example()
+    body["metadata"]["name"] = "planned"
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+    learned = FleetNoise(node=1e-4, own=6e-4, node_degrees=8, own_degrees=760, pods=9, intervals=96, requests=300,
+                         slowdown=0.047)  # fmt: skip
+    checks = KVCalibrationSpec.model_validate(body["spec"]).analysis.latency
+    noise = [noise_status(check.metric, learned, "2026-12-07T00:00:00Z").to_wire() for check in checks]
+    api.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, "planned", {"status": {"phase": "Verifying", "noise": noise}}
+    )
+    args = ["-n", namespace, "--kubeconfig", control_plane.kubeconfig]
+    assert main(["plan", "planned", *args, "--canary-pods", "1,4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"{noise[0]['metric']}: noise learned from 96 intervals of 9 baseline pods"), lines
+    assert [line.split()[0] for line in lines[2:4]] == ["1", "4"], lines
+    assert main(["status", "planned", *args]) == 0
+    assert "Latency noise (kvcal plan sizes the canary with it)" in capsys.readouterr().out
 
 
 def test_gateway_router_sets_and_restores_weights(control_plane: Cluster, namespace: str) -> None:
