@@ -13,7 +13,9 @@ from kvcal.models.status import Measurement, NoiseStatus
 
 Manifest = dict[str, Any]
 # Kinds the operator reads or writes; adapters map them to API groups.
-Kind = Literal["KVCalibration", "Job", "ConfigMap", "Deployment", "StatefulSet", "Service", "Pod", "InferencePool"]
+Kind = Literal[
+    "KVCalibration", "Job", "ConfigMap", "Deployment", "StatefulSet", "Service", "Pod", "InferencePool", "Secret"
+]
 
 
 class Conflict(Exception):

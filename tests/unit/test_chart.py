@@ -238,6 +238,18 @@ def test_inference_pool_grant_and_flag_only_when_the_admin_allows_it(scope: str)
     assert "--allow-inference-pool" in operator_args(opened)
 
 
+@pytest.mark.parametrize("scope", ["cluster", "namespace"])
+def test_secret_reads_for_api_keys_only_when_the_admin_allows_it(scope: str) -> None:
+    """Off by default (no Secret verb at all: the test above); on: get on Secrets, nothing else, and the operator is
+    told (--allow-api-key-secrets) so that it reads a baseline's API key from the Secret its VLLM_API_KEY names."""
+    closed = render({"rbac.scope": scope})
+    assert not granted(rbac_rules(closed), "", "secrets")
+    assert "--allow-api-key-secrets" not in operator_args(closed)
+    opened = render({"rbac.scope": scope, "policy.probes.readApiKeySecrets": "true"})
+    assert granted(rbac_rules(opened), "", "secrets") == {"get"}
+    assert "--allow-api-key-secrets" in operator_args(opened)
+
+
 def test_metrics_service_targets_the_operator(default_docs: list[dict[str, Any]]) -> None:
     svc = one(default_docs, "Service", "-metrics")
     dep = one(default_docs, "Deployment")

@@ -256,3 +256,34 @@ def test_http_probes_say_what_they_spent_and_what_waits() -> None:
     assert acc.message is not None and acc.message.startswith("1 probes")
     assert "probes spent 13 tokens on the baseline and 13 on the canary (budget 2,048 each)" in acc.message
     assert "waiting for a later interval (over the budget): big" in acc.message
+
+
+def test_the_baselines_api_key_goes_to_both_roles_and_nowhere_else() -> None:
+    seen: list[str | None] = []
+    fake = _fake_vllm("m", "4", ["4"])
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization"))
+        if request.headers.get("authorization") != "Bearer s3cret-key":
+            return httpx.Response(401, json={"error": "Unauthorized"})
+        return fake.handle_request(request)
+
+    suite = Suite(name="t", probes=[Probe(id="a", kind="arithmetic", prompt="2+2?", expected="4")])
+    acc, _, _ = HttpProbes(suite, transport=httpx.MockTransport(handle), api_key="s3cret-key").run(
+        QualitySpec(), "http://baseline", "http://canary"
+    )
+    assert acc.phase == "Successful" and set(seen) == {"Bearer s3cret-key"} and len(seen) == 4
+    (refused,) = HttpProbes(suite, transport=httpx.MockTransport(handle)).run(QualitySpec(), "http://b", "http://c")
+    assert refused.phase == "Error" and "HTTP 401" in (refused.message or "")
+    assert "s3cret" not in (acc.message or "") + (refused.message or "")
+
+
+def test_probes_that_cannot_run_say_why_and_send_nothing() -> None:
+    def never(request: httpx.Request) -> httpx.Response:
+        raise AssertionError("nothing is sent")
+
+    suite = Suite(name="t", probes=[Probe(id="a", kind="arithmetic", prompt="2+2?", expected="4")])
+    (error,) = HttpProbes(suite, transport=httpx.MockTransport(never), refusal="the baseline serves HTTPS").run(
+        QualitySpec(), "http://b", "http://c"
+    )
+    assert (error.metric, error.phase, error.message) == ("probes", "Error", "the baseline serves HTTPS")

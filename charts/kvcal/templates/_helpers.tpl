@@ -110,6 +110,13 @@ replays each call under the chart's ServiceAccount token).
   resources: ["inferencepools"]
   verbs: ["get", "create", "delete"]
 {{- end }}
+{{- if dig "probes" "readApiKeySecrets" false (.Values.policy | default dict) }}
+# policy.probes.readApiKeySecrets: the API key a baseline's vLLM takes from a Secret (VLLM_API_KEY secretKeyRef), read
+# when the quality probes run; never written, listed or watched, and never copied into status, events or logs.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+{{- end }}
 {{- end }}
 
 {{/* Cluster-scoped reads kopf's discovery (settings.scanning) makes: CRDs, and namespaces (it lists them even

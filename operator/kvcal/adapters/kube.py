@@ -60,6 +60,7 @@ _RESOURCES: dict[str, tuple[str, str]] = {
     "KVCalibration": (f"/apis/{GROUP}/{VERSION}", PLURAL),
     "Job": ("/apis/batch/v1", "jobs"),
     "ConfigMap": ("/api/v1", "configmaps"),
+    "Secret": ("/api/v1", "secrets"),  # get only: a baseline's API key, where the chart's policy allows
     "Deployment": ("/apis/apps/v1", "deployments"),
     "StatefulSet": ("/apis/apps/v1", "statefulsets"),
     "Service": ("/api/v1", "services"),

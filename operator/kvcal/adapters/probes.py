@@ -85,15 +85,22 @@ class HttpProbes:
         timeout_seconds: float = 120.0,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         transport: httpx.BaseTransport | None = None,
+        api_key: str | None = None,
+        refusal: str | None = None,
     ) -> None:
+        """``api_key``: sent as a bearer token to both roles (the key the baseline's vLLM asks for); ``refusal``: why
+        these servers cannot be probed (one Error measurement, nothing sent)."""
         self._suite = suite or builtin_suite()
+        self._api_key = api_key
+        self._refusal = refusal
         self._api = api
         self._timeout = timeout_seconds
         self._clock = clock
         self._transport = transport
 
     def _client(self) -> httpx.Client:
-        return httpx.Client(timeout=self._timeout, transport=self._transport)
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else None
+        return httpx.Client(timeout=self._timeout, transport=self._transport, headers=headers)
 
     def _post(self, client: httpx.Client, url: str, payload: dict[str, Any]) -> dict[str, Any]:
         r = client.post(url, json=payload)
@@ -138,6 +145,8 @@ class HttpProbes:
         results: list[ProbeResult] = []
         skipped: list[str] = []
         waiting: list[str] = []
+        if self._refusal is not None:
+            return [error_measurement("probes", self._refusal, at=at)]
         try:
             with self._client() as client:
                 cards = self.model_card(client, baseline_url), self.model_card(client, canary_url)

@@ -39,7 +39,45 @@ class ClusterBackends:
             cm = self.kube.get("ConfigMap", target.namespace, name)
             return None if cm is None else dict(cm.get("data") or {})
 
-        return HttpProbes(load_suite(target.spec.analysis.quality, read_configmap))
+        key, refusal = self._api_key(target)
+        return HttpProbes(load_suite(target.spec.analysis.quality, read_configmap), api_key=key, refusal=refusal)
+
+    def _api_key(self, target: Target) -> tuple[str | None, str | None]:
+        """(the key the baseline's vLLM asks for, or why the probes cannot run): core.guard.apikey."""
+        import base64
+        import binascii
+
+        from kvcal.core.guard.apikey import SecretKey, api_key_source, serves_tls
+        from kvcal.core.manifests.canary import baseline_container_index
+
+        baseline = target.spec.serving.baseline
+        workload = self.kube.get(baseline.kind, target.namespace, baseline.deployment)
+        if workload is None:
+            return None, None  # the probe URLs say the baseline is missing
+        containers = workload["spec"]["template"]["spec"]["containers"]
+        container = containers[baseline_container_index(workload, baseline.container)]
+        if serves_tls(container):
+            return None, (
+                "the baseline's vLLM serves HTTPS (--ssl-keyfile/--ssl-certfile); kvcal's quality probes speak HTTP "
+                "only: they cannot judge this baseline"
+            )
+        source = api_key_source(container)
+        if not isinstance(source, SecretKey):
+            return source, None
+        where = f"Secret {source.name} (key {source.key})"
+        if not self.policy.read_api_key_secrets:
+            return None, (
+                f"the baseline's vLLM takes its API key from {where}, which the operator may not read: an admin "
+                "allows it with the chart value policy.probes.readApiKeySecrets=true"
+            )
+        secret = self.kube.get("Secret", target.namespace, source.name)
+        encoded = ((secret or {}).get("data") or {}).get(source.key)
+        if not encoded:
+            return None, f"the baseline's vLLM takes its API key from {where}, which does not exist"
+        try:
+            return base64.b64decode(encoded, validate=True).decode(), None
+        except (binascii.Error, UnicodeDecodeError):
+            return None, f"the baseline's vLLM takes its API key from {where}, which is not valid base64 text"
 
     def router(self, target: Target) -> Router | None:
         try:

@@ -109,6 +109,12 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
         action="store_true",
         help="allow spec.serving.traffic.router inference-pool: the chart granted InferencePools (rbac.inferencePool)",
     )
+    run.add_argument(
+        "--allow-api-key-secrets",
+        action="store_true",
+        help="the probes may read a baseline's API key from the Secret its VLLM_API_KEY names (the chart's "
+        "policy.probes.readApiKeySecrets granted get on Secrets)",
+    )
     run.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: $KUBECONFIG, in-cluster")
     run.add_argument("--verbose", "-v", action="store_true")
     run.set_defaults(func=_run)
@@ -133,6 +139,7 @@ def policy_from_args(args: argparse.Namespace) -> Policy:
         prometheus_default=prometheus[0],
         prometheus_additional=tuple(prometheus[1:]),
         inference_pool=args.allow_inference_pool,
+        read_api_key_secrets=args.allow_api_key_secrets,
     )
 
 

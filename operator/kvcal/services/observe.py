@@ -273,13 +273,13 @@ class Observer:
                 out += source.measure(analysis, analysis.interval_seconds, step_seconds, noise)
         except Exception as e:
             out.append(error_measurement("prometheus", f"{type(e).__name__}: {e}", at=rfc3339(now)))
-        probes = adapters.probes
-        if probes is not None:
-            try:
+        try:  # building the probes reads the baseline (its API key), which can fail like a probe
+            probes = adapters.probes
+            if probes is not None:
                 baseline_url, canary_url = self.probe_urls(target)
                 out += probes.run(analysis, baseline_url, canary_url)
-            except Exception as e:
-                out.append(error_measurement("probes", f"{type(e).__name__}: {e}", at=rfc3339(now)))
+        except Exception as e:
+            out.append(error_measurement("probes", f"{type(e).__name__}: {e}", at=rfc3339(now)))
         return out
 
     def learn_noise(self, adapters: PassAdapters) -> list[NoiseStatus]:

@@ -87,6 +87,9 @@ class Policy(Model):
     # router inference-pool: the chart granted InferencePools (rbac.inferencePool), so the operator may create a canary
     # pool and copy the baseline's endpoint picker.
     inference_pool: bool = False
+    # The quality probes may read the API key a baseline's vLLM takes from a Secret (policy.probes.readApiKeySecrets:
+    # the chart then grants get on Secrets); without it such a baseline is not probed and the measurement says why.
+    read_api_key_secrets: bool = False
 
     @field_validator("host_path_prefixes")
     @classmethod
