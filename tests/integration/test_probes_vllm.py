@@ -2,13 +2,16 @@
 a smoke test where every comparison must come out equal)."""
 
 import re
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from kvcal.adapters.probes import HttpProbes
 from kvcal.adapters.prometheus import PrometheusSource
-from kvcal.compare.server import VllmServer
+from kvcal.compare.server import ServerConfig, VllmServer
+from kvcal.core.guard.apikey import api_key_source
 from kvcal.models.spec import AnalysisSpec, LatencyCheck, PrometheusRef, QualitySpec
 from kvcal.probes import Suite, builtin_suite
 from tests.support.prometheus import PrometheusServer, role_selector, role_target_labels, wait_until
@@ -84,3 +87,38 @@ def test_prometheus_measures_a_real_vllm_server(vllm_server: VllmServer, prometh
         assert measurements["errorRate"].canary == 0.0
     finally:
         prometheus.remove_targets("real-vllm")
+
+
+API_KEY = "kvcal-test-key-0123"
+
+
+@pytest.fixture(scope="module")
+def keyed_vllm(any_vllm: None, demo_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """A second real `vllm serve` that asks every client for a key (`--api-key`), as production baselines do."""
+    config = ServerConfig(
+        Path(demo_checkpoint), kv_cache_dtype="auto", max_model_len=512, max_num_seqs=2,
+        extra_args=("--api-key", API_KEY, "--no-enable-prefix-caching"),
+    )  # fmt: skip
+    server = VllmServer(config, tmp_path_factory.mktemp("vllm-keyed") / "vllm-serve.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_probes_answer_a_keyed_vllm_with_its_key(keyed_vllm: VllmServer) -> None:
+    """Without the key vLLM answers 401 and the interval is one Error (the rollback the issue saw); with the key the
+    baseline's own pod spec carries (found by core.guard.apikey) the probes run and agree; the key is in no
+    measurement."""
+    container = {"args": ["--model", "/models/demo", "--api-key", API_KEY]}
+    key = api_key_source(container)
+    assert key == API_KEY
+    suite = small_suite()
+    (refused,) = HttpProbes(suite).run(QualitySpec(), keyed_vllm.url, keyed_vllm.url)
+    assert refused.phase == "Error" and "HTTP 401" in (refused.message or ""), refused
+    measurements = HttpProbes(suite, api_key=key).run(QualitySpec(), keyed_vllm.url, keyed_vllm.url)
+    by_metric = {m.metric: m for m in measurements}
+    assert by_metric["accuracy"].phase == "Successful" and by_metric["tokenAgreement"].canary == 1.0, measurements
+    assert "probes spent" in (by_metric["accuracy"].message or "")
+    assert all(API_KEY not in m.model_dump_json() for m in [refused, *measurements])
