@@ -122,3 +122,14 @@ def test_probes_answer_a_keyed_vllm_with_its_key(keyed_vllm: VllmServer) -> None
     assert by_metric["accuracy"].phase == "Successful" and by_metric["tokenAgreement"].canary == 1.0, measurements
     assert "probes spent" in (by_metric["accuracy"].message or "")
     assert all(API_KEY not in m.model_dump_json() for m in [refused, *measurements])
+
+
+def test_the_completions_api_probes_without_a_chat_template(keyed_vllm: VllmServer) -> None:
+    """spec.analysis.quality.api: completions sends the prompt as it is (/v1/completions): what a model without a chat
+    template can be probed with."""
+    assert QualitySpec.model_validate({"api": "completions"}).api == "completions"
+    measurements = HttpProbes(small_suite(), api="completions", api_key=API_KEY).run(
+        QualitySpec(), keyed_vllm.url, keyed_vllm.url
+    )
+    by_metric = {m.metric: m for m in measurements}
+    assert by_metric["tokenAgreement"].phase == "Successful" and by_metric["tokenAgreement"].canary == 1.0, measurements

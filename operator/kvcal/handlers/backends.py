@@ -40,7 +40,8 @@ class ClusterBackends:
             return None if cm is None else dict(cm.get("data") or {})
 
         key, refusal = self._api_key(target)
-        return HttpProbes(load_suite(target.spec.analysis.quality, read_configmap), api_key=key, refusal=refusal)
+        quality = target.spec.analysis.quality
+        return HttpProbes(load_suite(quality, read_configmap), api=quality.api, api_key=key, refusal=refusal)
 
     def _api_key(self, target: Target) -> tuple[str | None, str | None]:
         """(the key the baseline's vLLM asks for, or why the probes cannot run): core.guard.apikey."""

@@ -725,6 +725,13 @@ class QualitySpec(SpecModel):
         le=1,
         description="Lowest fraction of greedy tokens the canary must agree on with the baseline.",
     )
+    api: Literal["chat", "completions"] = Field(
+        default="chat",
+        description=(
+            "How the probes ask: chat (/v1/chat/completions, through the model's chat template) or completions "
+            "(/v1/completions, the prompt as it is: a model without a chat template)."
+        ),
+    )
     max_probe_context_tokens: int = Field(
         default=32768,
         ge=256,
