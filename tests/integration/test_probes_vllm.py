@@ -3,15 +3,17 @@ a smoke test where every comparison must come out equal)."""
 
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
-from kvcal.adapters.probes import HttpProbes
+from kvcal.adapters.probes import HttpProbes, ProbeTls
 from kvcal.adapters.prometheus import PrometheusSource
 from kvcal.compare.server import ServerConfig, VllmServer
-from kvcal.core.guard.apikey import api_key_source
+from kvcal.core.guard.apikey import api_key_source, serves_tls
+from kvcal.devenv.pki import CertificateAuthority
 from kvcal.models.spec import AnalysisSpec, LatencyCheck, PrometheusRef, QualitySpec
 from kvcal.probes import Suite, builtin_suite
 from tests.support.prometheus import PrometheusServer, role_selector, role_target_labels, wait_until
@@ -90,46 +92,71 @@ def test_prometheus_measures_a_real_vllm_server(vllm_server: VllmServer, prometh
 
 
 API_KEY = "kvcal-test-key-0123"
+# The name a baseline pod's certificate carries (its Service's DNS name); the probes reach the pod by IP.
+SERVICE_NAME = "llm.serving.svc"
+
+
+@dataclass(frozen=True)
+class Guarded:
+    server: VllmServer
+    ca: Path
 
 
 @pytest.fixture(scope="module")
-def keyed_vllm(any_vllm: None, demo_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    """A second real `vllm serve` that asks every client for a key (`--api-key`), as production baselines do."""
+def guarded_vllm(any_vllm: None, demo_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guarded]:
+    """A second real `vllm serve` as production baselines run: HTTPS with a certificate for its Service's name, and an
+    API key every client must give (`--api-key`)."""
+    work = tmp_path_factory.mktemp("vllm-guarded")
+    ca = CertificateAuthority(work, "serving-ca")
+    serving = ca.issue("vllm", "vllm", server_dns=(SERVICE_NAME,), server_ips=("127.0.0.1",))
     config = ServerConfig(
         Path(demo_checkpoint), kv_cache_dtype="auto", max_model_len=512, max_num_seqs=2,
-        extra_args=("--api-key", API_KEY, "--no-enable-prefix-caching"),
+        extra_args=("--api-key", API_KEY, "--no-enable-prefix-caching"), tls=(serving.cert, serving.key, ca.cert),
     )  # fmt: skip
-    server = VllmServer(config, tmp_path_factory.mktemp("vllm-keyed") / "vllm-serve.log")
+    server = VllmServer(config, work / "vllm-serve.log")
     server.start()
     try:
-        yield server
+        yield Guarded(server, ca.cert)
     finally:
         server.stop()
 
 
-def test_probes_answer_a_keyed_vllm_with_its_key(keyed_vllm: VllmServer) -> None:
-    """Without the key vLLM answers 401 and the interval is one Error (the rollback the issue saw); with the key the
-    baseline's own pod spec carries (found by core.guard.apikey) the probes run and agree; the key is in no
-    measurement."""
-    container = {"args": ["--model", "/models/demo", "--api-key", API_KEY]}
+def test_probes_answer_a_guarded_vllm_with_its_key_over_https(guarded_vllm: Guarded) -> None:
+    """The operator reaches pods at http://POD-IP:PORT; told the baseline serves TLS (core.guard.apikey) and given the
+    admin's CA, the probes speak HTTPS and check the certificate against the Service's name. Without the key vLLM
+    answers 401; without TLS, a wrong name or another CA the connection fails: each one Error measurement, never a
+    pass. With both, the probes run and agree; the key is in no measurement."""
+    container = {"args": ["--model", "/models/demo", "--api-key", API_KEY, "--ssl-keyfile", "/tls/tls.key"]}
     key = api_key_source(container)
-    assert key == API_KEY
+    assert key == API_KEY and serves_tls(container)
+    plain = guarded_vllm.server.url.replace("https://", "http://")  # as probe_urls builds it
     suite = small_suite()
-    (refused,) = HttpProbes(suite).run(QualitySpec(), keyed_vllm.url, keyed_vllm.url)
-    assert refused.phase == "Error" and "HTTP 401" in (refused.message or ""), refused
-    measurements = HttpProbes(suite, api_key=key).run(QualitySpec(), keyed_vllm.url, keyed_vllm.url)
+    tls = ProbeTls(str(guarded_vllm.ca), SERVICE_NAME)
+    failures = {
+        "no key": HttpProbes(suite, tls=tls).run(QualitySpec(), plain, plain),
+        "no TLS": HttpProbes(suite, api_key=key).run(QualitySpec(), plain, plain),
+        "wrong name": HttpProbes(suite, api_key=key, tls=ProbeTls(tls.ca_file, "other.serving.svc")).run(
+            QualitySpec(), plain, plain
+        ),
+    }
+    for why, measured in failures.items():
+        assert [m.phase for m in measured] == ["Error"], (why, measured)
+    assert "HTTP 401" in (failures["no key"][0].message or "")
+    measurements = HttpProbes(suite, api_key=key, tls=tls).run(QualitySpec(), plain, plain)
     by_metric = {m.metric: m for m in measurements}
     assert by_metric["accuracy"].phase == "Successful" and by_metric["tokenAgreement"].canary == 1.0, measurements
     assert "probes spent" in (by_metric["accuracy"].message or "")
-    assert all(API_KEY not in m.model_dump_json() for m in [refused, *measurements])
+    every = [*measurements, *(m for measured in failures.values() for m in measured)]
+    assert all(API_KEY not in m.model_dump_json() for m in every)
 
 
-def test_the_completions_api_probes_without_a_chat_template(keyed_vllm: VllmServer) -> None:
+def test_the_completions_api_probes_without_a_chat_template(guarded_vllm: Guarded) -> None:
     """spec.analysis.quality.api: completions sends the prompt as it is (/v1/completions): what a model without a chat
     template can be probed with."""
     assert QualitySpec.model_validate({"api": "completions"}).api == "completions"
-    measurements = HttpProbes(small_suite(), api="completions", api_key=API_KEY).run(
-        QualitySpec(), keyed_vllm.url, keyed_vllm.url
+    tls = ProbeTls(str(guarded_vllm.ca), SERVICE_NAME)
+    measurements = HttpProbes(small_suite(), api="completions", api_key=API_KEY, tls=tls).run(
+        QualitySpec(), guarded_vllm.server.url, guarded_vllm.server.url
     )
     by_metric = {m.metric: m for m in measurements}
     assert by_metric["tokenAgreement"].phase == "Successful" and by_metric["tokenAgreement"].canary == 1.0, measurements

@@ -51,3 +51,12 @@ def test_a_missing_secret_is_said() -> None:
         TARGET
     )
     assert "Secret vllm-key (key token), which does not exist" in probes._refusal  # type: ignore[attr-defined]
+
+
+def test_a_tls_baseline_is_probed_over_https_with_the_admins_ca() -> None:
+    kube = FakeKube([baseline_with(args=["--ssl-certfile", "/tls/tls.crt", "--ssl-keyfile", "/tls/tls.key"])])
+    probes = ClusterBackends(kube, Policy(probes_ca_file="/etc/kvcal/probes/ca.crt")).probes(TARGET)
+    tls = probes._tls  # type: ignore[attr-defined]
+    service = TARGET.spec.serving.baseline.service
+    assert probes._refusal is None and tls is not None  # type: ignore[attr-defined]
+    assert (tls.ca_file, tls.server_name) == ("/etc/kvcal/probes/ca.crt", f"{service}.llm.svc")

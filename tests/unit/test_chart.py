@@ -250,6 +250,21 @@ def test_secret_reads_for_api_keys_only_when_the_admin_allows_it(scope: str) -> 
     assert "--allow-api-key-secrets" in operator_args(opened)
 
 
+def test_the_probes_ca_is_mounted_only_when_named() -> None:
+    """policy.probes.tls.caSecret: the Secret's ca.crt mounted read-only and passed as --probes-ca-file; no Secret
+    permission comes with it (the kubelet mounts it)."""
+    assert not any(arg.startswith("--probes-ca-file") for arg in operator_args(render({})))
+    docs = render({"policy.probes.tls.caSecret": "vllm-serving-ca"})
+    assert "--probes-ca-file=/etc/kvcal/probes/ca.crt" in operator_args(docs)
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "probes-ca"]
+    assert volume["secret"] == {"secretName": "vllm-serving-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                                "defaultMode": 0o440}  # fmt: skip
+    mounts = pod["containers"][0]["volumeMounts"]
+    assert {"name": "probes-ca", "mountPath": "/etc/kvcal/probes", "readOnly": True} in mounts
+    assert not granted(rbac_rules(docs), "", "secrets")
+
+
 def test_metrics_service_targets_the_operator(default_docs: list[dict[str, Any]]) -> None:
     svc = one(default_docs, "Service", "-metrics")
     dep = one(default_docs, "Deployment")

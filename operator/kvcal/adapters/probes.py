@@ -8,7 +8,9 @@ body never reaches a measurement (the HTTP status does); it goes to the operator
 """
 
 import logging
+import ssl
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -25,6 +27,15 @@ from kvcal.probes import Suite, at_served_context, builtin_suite, suite_from_con
 Api = Literal["chat", "completions"]
 log = logging.getLogger(__name__)
 LOGGED_BODY_CHARS = 1000
+
+
+@dataclass(frozen=True)
+class ProbeTls:
+    """HTTPS to TLS-serving pods: their certificate checked against ``ca_file`` and ``server_name`` (the baseline
+    Service's DNS name: the probes reach pods by IP, and a pod's certificate names the Service)."""
+
+    ca_file: str
+    server_name: str
 
 
 class ProbeHTTPError(RuntimeError):
@@ -86,12 +97,14 @@ class HttpProbes:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         transport: httpx.BaseTransport | None = None,
         api_key: str | None = None,
+        tls: ProbeTls | None = None,
         refusal: str | None = None,
     ) -> None:
         """``api_key``: sent as a bearer token to both roles (the key the baseline's vLLM asks for); ``refusal``: why
         these servers cannot be probed (one Error measurement, nothing sent)."""
         self._suite = suite or builtin_suite()
         self._api_key = api_key
+        self._tls = tls
         self._refusal = refusal
         self._api = api
         self._timeout = timeout_seconds
@@ -100,24 +113,31 @@ class HttpProbes:
 
     def _client(self) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else None
-        return httpx.Client(timeout=self._timeout, transport=self._transport, headers=headers)
+        verify: ssl.SSLContext | bool = True
+        if self._tls is not None:
+            verify = ssl.create_default_context(cafile=self._tls.ca_file)  # hostname checked: server_name
+        return httpx.Client(timeout=self._timeout, transport=self._transport, headers=headers, verify=verify)
+
+    def _url(self, base_url: str, path: str) -> str:
+        base = base_url.rstrip("/")
+        if self._tls is not None and base.startswith("http://"):
+            base = "https://" + base.removeprefix("http://")
+        return base + path
+
+    def _extensions(self) -> dict[str, Any]:
+        return {"sni_hostname": self._tls.server_name} if self._tls is not None else {}
 
     def _post(self, client: httpx.Client, url: str, payload: dict[str, Any]) -> dict[str, Any]:
-        r = client.post(url, json=payload)
+        r = client.post(url, json=payload, extensions=self._extensions())
         if r.status_code != 200:
             raise ProbeHTTPError(url, r.status_code, r.text)
         body: dict[str, Any] = r.json()
         return body
 
-    @staticmethod
-    def model_id(client: httpx.Client, base_url: str) -> str:
-        return HttpProbes.model_card(client, base_url)[0]
-
-    @staticmethod
-    def model_card(client: httpx.Client, base_url: str) -> tuple[str, int | None]:
+    def model_card(self, client: httpx.Client, base_url: str) -> tuple[str, int | None]:
         """The served model's id and the longest context the server serves (vLLM's `max_model_len`, if given)."""
-        url = f"{base_url.rstrip('/')}/v1/models"
-        r = client.get(url)
+        url = self._url(base_url, "/v1/models")
+        r = client.get(url, extensions=self._extensions())
         if r.status_code != 200:
             raise ProbeHTTPError(url, r.status_code, r.text)
         card = r.json()["data"][0]
@@ -128,10 +148,10 @@ class HttpProbes:
         common = {"model": model, "temperature": 0, "max_tokens": max_tokens, "seed": 0}
         if self._api == "chat":
             payload = {**common, "messages": [{"role": "user", "content": prompt}], "logprobs": True, "top_logprobs": 1}
-            body = self._post(client, f"{base_url.rstrip('/')}/v1/chat/completions", payload)
+            body = self._post(client, self._url(base_url, "/v1/chat/completions"), payload)
         else:
             body = self._post(
-                client, f"{base_url.rstrip('/')}/v1/completions", {**common, "prompt": prompt, "logprobs": 1}
+                client, self._url(base_url, "/v1/completions"), {**common, "prompt": prompt, "logprobs": 1}
             )
         return completion_from_reply(body)
 

@@ -3,6 +3,7 @@ logged to a file, and torn down with its whole process group (vLLM forks an engi
 
 import contextlib
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -45,6 +46,8 @@ class ServerConfig:
     env: dict[str, str] = field(default_factory=dict)
     # Exact KV space (--kv-cache-memory-bytes) instead of VLLM_CPU_KVCACHE_SPACE's whole GiB.
     kv_cache_memory_bytes: int | None = None
+    # HTTPS: vLLM's --ssl-certfile/--ssl-keyfile, and the CA the health wait checks them against.
+    tls: tuple[Path, Path, Path] | None = None  # (certificate, key, CA)
 
 
 class VllmServer(LocalProcesses):
@@ -54,7 +57,7 @@ class VllmServer(LocalProcesses):
         self.config = config
         self.log_path = log_path
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if config.tls else 'http'}://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
         self.startup_seconds: float | None = None
 
@@ -87,6 +90,8 @@ class VllmServer(LocalProcesses):
             args.append("--enforce-eager")
         if c.kv_cache_memory_bytes is not None:
             args += ["--kv-cache-memory-bytes", str(c.kv_cache_memory_bytes)]
+        if c.tls is not None:
+            args += ["--ssl-certfile", str(c.tls[0]), "--ssl-keyfile", str(c.tls[1])]
         return [*args, *c.extra_args]
 
     def start(self) -> Self:
@@ -117,7 +122,8 @@ class VllmServer(LocalProcesses):
 
     def _wait_healthy(self, started: float) -> None:
         assert self.process is not None
-        with httpx.Client(timeout=5.0) as client:
+        verify = ssl.create_default_context(cafile=str(self.config.tls[2])) if self.config.tls else True
+        with httpx.Client(timeout=5.0, verify=verify) as client:
             while True:
                 code = self.process.poll()
                 if code is not None:

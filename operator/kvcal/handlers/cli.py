@@ -115,6 +115,12 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
         help="the probes may read a baseline's API key from the Secret its VLLM_API_KEY names (the chart's "
         "policy.probes.readApiKeySecrets granted get on Secrets)",
     )
+    run.add_argument(
+        "--probes-ca-file",
+        default=None,
+        help="the CA of TLS-serving baselines' vLLM (the chart's policy.probes.tls.caSecret, mounted): the probes "
+        "speak HTTPS to them, checking the baseline Service's DNS name",
+    )
     run.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: $KUBECONFIG, in-cluster")
     run.add_argument("--verbose", "-v", action="store_true")
     run.set_defaults(func=_run)
@@ -140,6 +146,7 @@ def policy_from_args(args: argparse.Namespace) -> Policy:
         prometheus_additional=tuple(prometheus[1:]),
         inference_pool=args.allow_inference_pool,
         read_api_key_secrets=args.allow_api_key_secrets,
+        probes_ca_file=args.probes_ca_file,
     )
 
 

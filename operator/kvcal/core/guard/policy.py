@@ -90,6 +90,9 @@ class Policy(Model):
     # The quality probes may read the API key a baseline's vLLM takes from a Secret (policy.probes.readApiKeySecrets:
     # the chart then grants get on Secrets); without it such a baseline is not probed and the measurement says why.
     read_api_key_secrets: bool = False
+    # The CA file (mounted from policy.probes.tls.caSecret) of TLS-serving baselines; None: such a baseline is not
+    # probed.
+    probes_ca_file: str | None = None
 
     @field_validator("host_path_prefixes")
     @classmethod
