@@ -45,6 +45,9 @@ KV_CACHE_DTYPE_SKIP_LAYERS = Flag(
     ("--kv-cache-dtype-skip-layers",), "use spec.serving.canary.protectedLayers", variadic=True
 )
 
+# The template vLLM renders chat requests with (the model's own when absent); not owned: the canary copies it.
+CHAT_TEMPLATE = Flag(("--chat-template",), _FIX_BASELINE)
+
 # Everything that lets an argument swap the checkpoint, the KV dtype or the scales, or move where and as what the
 # canary answers.
 OWNED_FLAGS: tuple[Flag, ...] = (

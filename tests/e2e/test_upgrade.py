@@ -8,6 +8,7 @@ operator writes it (and the baseline promoted with the operator's own patch buil
 of real calibration test_lifecycle already proves.
 """
 
+import json
 import re
 import urllib.request
 from pathlib import Path
@@ -170,6 +171,30 @@ def test_new_vllm_image_after_promotion_is_reverified(world: World, tmp_path: Pa
     assert obj["status"]["serving"]["image"] == "vllm/vllm-openai:v0.33.0"
     assert obj["status"]["phase"] == "Succeeded"
     assert "ServingVerificationFailed" in w.events(name)
+
+
+def test_a_chat_template_changed_after_promotion_is_reported_on_the_next_pass(world: World, tmp_path: Path) -> None:
+    """On the real API server: the baseline's owner adds --chat-template to the promoted Deployment; the next pass
+    (its watch event) says CalibrationCurrent False, reason ChatTemplateChanged, with a Warning event; nothing
+    re-rolls."""
+    w, name = world, "template"
+    succeeded_under_old_operator(w, name, tmp_path / "model")
+    start_and_wait_for_a_pass(w, OLD_IMAGE)
+    wait_for(lambda: w.kvcal(name)["status"].get("serving", {}).get("chatTemplate") == "", 30, "the template recorded")
+    patch = [
+        {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--chat-template=/t/tools.jinja"}
+    ]
+    w.cluster.kubectl("patch", "-n", w.namespace, "deploy/llm", "--type=json", "-p", json.dumps(patch))
+
+    def reported() -> dict[str, Any] | None:
+        obj = w.kvcal(name)
+        found = [c for c in obj["status"].get("conditions", []) if c["type"] == "CalibrationCurrent"]
+        return obj if found and found[0]["status"] == "False" else None
+
+    obj = wait_for(reported, 60, "CalibrationCurrent False after the template changed")
+    current = condition(obj, "CalibrationCurrent")
+    assert current["reason"] == "ChatTemplateChanged" and "/t/tools.jinja" in current["message"], current
+    assert obj["status"]["phase"] == "Succeeded" and "CalibrationNotCurrent" in w.events(name)
 
 
 def test_baseline_scaled_to_zero_during_deploying(world: World, tmp_path: Path) -> None:

@@ -195,6 +195,13 @@ class ServingStatus(Model):
     verification: VerificationStatus = Field(
         default=VerificationStatus(), description="The last verification Job in that image."
     )
+    chat_template: str | None = Field(
+        default=None,
+        description=(
+            "The --chat-template the baseline served when promoted ('' for the model's own): another one renders "
+            "prompts unlike the calibration data (condition CalibrationCurrent)."
+        ),
+    )
 
 
 class CanaryStatus(Model):

@@ -263,3 +263,37 @@ def test_an_unknown_calibrated_context_or_a_reverted_baseline_says_nothing() -> 
     assert get_condition(unknown.status.conditions, "CalibrationCurrent") is None
     reverted = decide(spec(), calibrated_for(8192), observations(baseline=with_max_model_len(baseline(), "32768")), NOW)
     assert get_condition(reverted.status.conditions, "CalibrationCurrent") is None
+
+
+def with_chat_template(state: DeploymentState, template: str) -> DeploymentState:
+    manifest = state.manifest
+    container = manifest["spec"]["template"]["spec"]["containers"][0]
+    container["args"] = [*container["args"], "--chat-template", template]
+    return replace(state, manifest=manifest)
+
+
+def test_a_chat_template_changed_after_the_promotion_is_reported_and_nothing_rerolls() -> None:
+    """The promoting pass records the template the baseline serves (the model's own here); another one later makes
+    CalibrationCurrent False (reason ChatTemplateChanged) with one Warning; restoring it makes it True again."""
+    start = decide(spec(), succeeded(), observations(baseline=promoted(spec())), NOW).status
+    assert start.serving.chat_template == ""
+    changed = with_chat_template(promoted(spec()), "/templates/tools.jinja")
+    d = decide(spec(), start, observations(baseline=changed), NOW)
+    status, reason, message = condition(d.status, "CalibrationCurrent")
+    assert (status, reason) == ("False", "ChatTemplateChanged")
+    assert "/templates/tools.jinja instead of the model's own template" in message
+    assert f"kvcal recalibrate {OWNER.name}" in message
+    assert [(e.type, e.reason) for e in d.events] == [("Warning", "CalibrationNotCurrent")]
+    assert d.status.phase == P.SUCCEEDED and not d.actions
+    restored = decide(spec(), d.status, observations(baseline=promoted(spec())), NOW)
+    assert condition(restored.status, "CalibrationCurrent")[:2] == ("True", "Current")
+
+
+def test_a_promotion_from_before_the_template_was_recorded_starts_watching_from_now() -> None:
+    """Upgraded from a kvcal that did not record it: what the baseline serves now is taken as promoted."""
+    old = decide(spec(), succeeded(), observations(baseline=promoted(spec())), NOW).status
+    old = old.model_copy(update={"serving": old.serving.model_copy(update={"chat_template": None})})
+    served = with_chat_template(promoted(spec()), "/templates/tools.jinja")
+    d = decide(spec(), old, observations(baseline=served), NOW)
+    assert d.status.serving.chat_template == "/templates/tools.jinja"
+    assert get_condition(d.status.conditions, "CalibrationCurrent") is None and not d.events

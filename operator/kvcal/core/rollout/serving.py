@@ -34,6 +34,14 @@ def serving_runtime(baseline: Manifest, container: str | None) -> tuple[str, str
     return str(vllm.get("image", "")), backend
 
 
+def chat_template(baseline: Manifest, container: str | None) -> str:
+    """The baseline vLLM's --chat-template ('' when it serves the model's own)."""
+    vllm = baseline["spec"]["template"]["spec"]["containers"][baseline_container_index(baseline, container)]
+    args = [str(a) for a in [*(vllm.get("command") or []), *(vllm.get("args") or [])]]
+    given = vllm_flags.find(args, vllm_flags.CHAT_TEMPLATE)
+    return given.value if given else ""
+
+
 def _describe(image: str, backend: str | None) -> str:
     return f"{image}" + (f" (attention backend {backend})" if backend else "")
 
@@ -45,12 +53,18 @@ def watch_serving(draft: Builder, spec: KVCalibrationSpec) -> None:
         return  # deleted, or no longer serving this calibration: nothing of ours runs there
     try:
         image, backend = serving_runtime(baseline.manifest, spec.serving.baseline.container)
+        template = chat_template(baseline.manifest, spec.serving.baseline.container)
     except BaselineError:
         return
     serving = draft.status.serving
+    if serving.image is not None and serving.chat_template is None:  # promoted before kvcal recorded it: from now
+        serving = serving.model_copy(update={"chat_template": template})
+        draft.update(serving=serving)
     if serving.image is None:  # the promoting pass: the canary's verification ran in this image
         verified = draft.status.verification
-        draft.update(serving=ServingStatus(image=image, attention_backend=backend, verification=verified))
+        draft.update(
+            serving=ServingStatus(image=image, attention_backend=backend, verification=verified, chat_template=template)
+        )
         message = f"{_describe(image, backend)}: the verification before the canary loaded the calibrated scales"
         message += f" of {verified.layers} layers, {verified.mismatches or 0} mismatches"
         draft.condition("ServingVerified", "True", "ScalesLoaded", message)
@@ -78,7 +92,11 @@ def watch_serving(draft: Builder, spec: KVCalibrationSpec) -> None:
         draft.requeue = RUNNING_POLL_SECONDS
         return
     verification, ok = verification_result(job)
-    draft.update(serving=ServingStatus(image=image, attention_backend=backend, verification=verification))
+    draft.update(
+        serving=ServingStatus(
+            image=image, attention_backend=backend, verification=verification, chat_template=serving.chat_template
+        )
+    )
     draft.requeue = WATCH_SECONDS
     if ok:
         message = f"{_describe(image, backend)}: vLLM loaded the calibrated scales of {verification.layers} layers"
