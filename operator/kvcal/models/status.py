@@ -370,7 +370,7 @@ class KVCalibrationStatus(Model):
             "Calibrated, ScalesVerified, CanaryReady, AnalysisPassed, Promoted, Ready; when they apply: "
             "ServingVerified (the promoted baseline's image/backend re-verified), SpecCurrent (a spec change "
             "after a terminal phase), CalibrationCurrent (after a promotion: False when the baseline serves a longer "
-            "context than was calibrated), ReconcileError (the last reconcile pass failed)."
+            "context than was calibrated, or another chat template), ReconcileError (the last reconcile pass failed)."
         ),
     )
     calibration: CalibrationStatus = Field(
