@@ -15,13 +15,16 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from kvcal.core.analysis.fleetnoise import SLOWDOWN, FleetNoise, from_status, learned_z
 from kvcal.core.analysis.ranktest import Design, design
+from kvcal.core.analysis.verdict import MeasurementPhase, assess_run
 from kvcal.models.spec import AnalysisSpec, LatencyCheck, TrafficSpec
-from kvcal.models.status import KVCalibrationStatus
+from kvcal.models.status import AnalysisStatus, KVCalibrationStatus, Measurement
 
-RUNS = 4000
+RUNS = 2000
+_EPOCH = datetime(2026, 1, 1, tzinfo=UTC)  # the simulated looks' clock: assess_run only records it
 # The share of rollouts the table sizes for: a regression rolled back within k intervals this often.
 CAUGHT = 0.90
 
@@ -95,7 +98,7 @@ def _roll_out(
 
     nodes = pool(canary_pods, noise.node) - pool(baseline_pods, noise.node)
     own_sum = requests_sum = 0.0
-    failures = successes = 0
+    status = AnalysisStatus()
     for look in range(1, plan.looks + 1):
         own_sum += pool(canary_pods, noise.own) - pool(baseline_pods, noise.own)
         requests_sum += rng.gauss(0.0, math.sqrt(per_interval))
@@ -107,16 +110,16 @@ def _roll_out(
                               plan.regressed_tolerance)
         )  # fmt: skip
         rollback, healthy, promote, regressed = plan.critical(look)
-        if z_slower >= rollback and z_healthy >= healthy:
-            failures, successes = failures + 1, 0
-            if failures > spec.failure_limit:
-                return "Failed", look
-        elif z_within <= -promote and z_regressed <= -regressed:
-            successes += 1
-            if successes >= spec.successful_intervals:
-                return "Passed", look
-        else:
-            successes = 0
+        phase: MeasurementPhase = (
+            "Failed" if z_slower >= rollback and z_healthy >= healthy
+            else "Successful" if z_within <= -promote and z_regressed <= -regressed
+            else "Undecided"
+        )  # fmt: skip
+        # The operator's own counters (failureLimit, successfulIntervals) decide, as in an analysis step.
+        verdict = assess_run(spec, status, [Measurement(metric="latency", phase=phase, at=str(look))], _EPOCH)
+        status = verdict.status
+        if verdict.outcome in ("Failed", "Passed"):
+            return verdict.outcome, look
     return "Undecided", plan.looks
 
 

@@ -210,21 +210,18 @@ def pod_buckets(client: QueryClient, query: str) -> list[list[tuple[float, float
 
 def interval_buckets(client: QueryClient, query: str) -> dict[float, list[tuple[float, float]]]:
     """A ``sum by (le)`` bucket subquery's samples: one ``buckets`` list per evaluation time (a matrix result)."""
-    result = run_query(client, query)
-    intervals: dict[float, list[tuple[float, float]]] = {}
-    try:
-        for series in result:
-            le = float(series["metric"]["le"])
-            for at, value in series["values"]:
-                intervals.setdefault(float(at), []).append((le, float(value)))
-    except (KeyError, ValueError, TypeError) as exc:
-        raise QueryError(f"bucket subquery returned series without a numeric 'le' label or samples: {exc}") from exc
-    return intervals
+    return {at: next(iter(pods.values())) for at, pods in _matrix_buckets(client, query).items()}
 
 
 def history_buckets(client: QueryClient, query: str) -> list[dict[str, list[tuple[float, float]]]]:
     """A ``sum by (pod, instance, le)`` bucket subquery's samples: per evaluation time (oldest first), one ``buckets``
     list per pod (named ``pod/instance``)."""
+    times = _matrix_buckets(client, query)
+    return [times[at] for at in sorted(times)]
+
+
+def _matrix_buckets(client: QueryClient, query: str) -> dict[float, dict[str, list[tuple[float, float]]]]:
+    """A bucket subquery's samples: per evaluation time, one ``buckets`` list per ``pod/instance`` ("/" without)."""
     result = run_query(client, query)
     times: dict[float, dict[str, list[tuple[float, float]]]] = {}
     try:
@@ -234,8 +231,8 @@ def history_buckets(client: QueryClient, query: str) -> list[dict[str, list[tupl
             for at, value in series["values"]:
                 times.setdefault(float(at), {}).setdefault(pod, []).append((le, float(value)))
     except (KeyError, ValueError, TypeError) as exc:
-        raise QueryError(f"history subquery returned series without a numeric 'le' label or samples: {exc}") from exc
-    return [times[at] for at in sorted(times)]
+        raise QueryError(f"bucket subquery returned series without a numeric 'le' label or samples: {exc}") from exc
+    return times
 
 
 class PrometheusSource:

@@ -107,11 +107,12 @@ def learn_noise(history: Sequence[HistoryInterval]) -> FleetNoise | str:
     for cells in repeated.values():
         values = [effect for effect, _ in cells]
         mean = sum(values) / len(values)
+        mean_variance = sum(variance for _, variance in cells) / len(cells)
         within += sum((value - mean) ** 2 for value in values)
         within_degrees += len(values) - 1
-        request_part += (len(values) - 1) * sum(variance for _, variance in cells) / len(cells)
+        request_part += (len(values) - 1) * mean_variance
         means.append(mean)
-        mean_variances.append(sum(variance for _, variance in cells) / len(cells))
+        mean_variances.append(mean_variance)
         counts.append(len(values))
     # The deviations are taken about each interval's pool, which removes one pod's worth of degrees of freedom from
     # every interval: (pods - 1) / pods of the within-pod ones measure own load (a two-way layout's residual).

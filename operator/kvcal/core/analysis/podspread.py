@@ -29,6 +29,9 @@ class PodSpread:
         return max(0.0, (self.squares - self.request_variance) / self.degrees) if self.degrees else 0.0
 
 
+NO_SPREAD = PodSpread(squares=0.0, request_variance=0.0, degrees=0)  # nothing to measure a spread with
+
+
 def pod_spread(roles: Sequence[Sequence[list[tuple[float, float]]]]) -> PodSpread:
     """The between-pod spread of each role's pods (each as ``cumulative_counts``), pooled over roles: each pod is
     compared with the rest of its role (``pod_deviations``)."""
@@ -123,7 +126,7 @@ def interval_spread(
     queue) is in it; what stays with a pod for the whole step (its node) is not: only other pods show that."""
     pairs = [(base, own) for base, own in zip(baseline, canary, strict=True) if base[-1][1] > 0 and own[-1][1] > 0]
     if len(pairs) < 2:
-        return PodSpread(squares=0.0, request_variance=0.0, degrees=0), 1.0, len(pairs)
+        return NO_SPREAD, 1.0, len(pairs)
     effects, variances = [], []
     for base, own in pairs:
         bounds, (base_counts, own_counts) = on_bounds([base, own])

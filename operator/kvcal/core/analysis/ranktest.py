@@ -30,7 +30,7 @@ from typing import Literal
 
 from kvcal.core.analysis.fleetnoise import FleetNoise, canary_noisier, canary_z, learned_z
 from kvcal.core.analysis.histograms import Buckets, cumulative_counts, pool, rank_effect
-from kvcal.core.analysis.podspread import PodSpread, interval_spread, pod_spread, pod_weights, spread_z
+from kvcal.core.analysis.podspread import NO_SPREAD, interval_spread, pod_spread, pod_weights, spread_z
 from kvcal.core.analysis.schedule import LOOKS_PER_SUCCESSFUL_INTERVAL
 from kvcal.core.analysis.sequential import boundaries
 from kvcal.core.analysis.verdict import (
@@ -175,23 +175,21 @@ def rank_test(
     canary_pods = [cumulative_counts(buckets) for buckets in canary]
     baseline_points, canary_points = pool(baseline_pods), pool(canary_pods)
     spread = pod_spread([baseline_pods, canary_pods])
-    weights = pod_weights(baseline_pods) + pod_weights(canary_pods)
+    pod_share = pod_weights(baseline_pods) + pod_weights(canary_pods)
+    weights = pod_share
     reference: Reference = "pods" if spread.degrees else "requests"
-    replicates = 0
-    if reference == "requests" and intervals is not None:
-        reference = "intervals"
-        spread, weights, replicates = interval_spread(
+    # The step's intervals, read once: the replicates where no role has two pods, and the learned noise's guard.
+    own, interval_weights, replicates = NO_SPREAD, 1.0, 0
+    if intervals is not None and (reference == "requests" or noise is not None):
+        own, interval_weights, replicates = interval_spread(
             *([cumulative_counts(each) for each in role] for role in intervals)
         )
+    if reference == "requests" and intervals is not None:
+        reference, spread, weights = "intervals", own, interval_weights
     unlearned = None
-    own, interval_weights = PodSpread(squares=0.0, request_variance=0.0, degrees=0), 1.0
     if noise is not None:
-        weights = pod_weights(baseline_pods) + pod_weights(canary_pods)
-        if intervals is not None:
-            own, interval_weights, replicates = interval_spread(
-                *([cumulative_counts(each) for each in role] for role in intervals)
-            )
-            unlearned = canary_noisier(noise, own, pod_weights(baseline_pods))
+        weights = pod_share
+        unlearned = canary_noisier(noise, own, pod_weights(baseline_pods))
         reference = "learned" if unlearned is None else "canary"
     slower_effect = rank_effect(baseline_points, canary_points, plan.rollback_tolerance, plan.floor)
     within_effect = rank_effect(baseline_points, canary_points, plan.promote_tolerance, plan.floor, "upper")

@@ -22,7 +22,7 @@ from kvcal.models.status import ConditionType
 CONDITION: ConditionType = "CalibrationCurrent"
 
 
-def watch_context(draft: Builder, spec: KVCalibrationSpec) -> None:
+def watch_calibration_current(draft: Builder, spec: KVCalibrationSpec) -> None:
     """In Succeeded: CalibrationCurrent=False (and one Warning event) while the baseline serves a longer context than
     the calibration was judged against, or renders chats with another template than when it was promoted; back to
     True once neither holds."""

@@ -4,7 +4,7 @@ the new runtime (core.rollout.serving asks core.artifact.verification for it), a
 calibrated one is reported (core.rollout.drift). The rollout machine owns the watch
 because only it knows what was promoted where; the artifact machine owns what a verification is."""
 
-from kvcal.core.rollout.drift import watch_context
+from kvcal.core.rollout.drift import watch_calibration_current
 from kvcal.core.rollout.reverts import watch_promotion
 from kvcal.core.rollout.serving import watch_serving
 from kvcal.core.status.builder import Builder
@@ -15,4 +15,4 @@ def watch_promoted(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -
     draft.wait(draft.status.message or "", None)
     if watch_promotion(draft, spec):
         watch_serving(draft, spec)
-        watch_context(draft, spec)
+        watch_calibration_current(draft, spec)
