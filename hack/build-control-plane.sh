@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes control plane used by tests and `make cluster`, from Go modules:
-# etcd, kube-apiserver, kube-controller-manager, kubectl (k8s.io/kubernetes through a wrapper module that repeats its
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (k8s.io/kubernetes through a wrapper module that repeats its
 # staging replaces at the matching v0.X.Y), and helm. Binaries are cached per version: a rebuild is skipped when the
 # wanted version is already there.
 set -euo pipefail
@@ -18,7 +18,8 @@ have() { [[ -x "$BIN/$1" && -f "$BIN/.$1.version" && "$(cat "$BIN/.$1.version")"
 stamp() { echo "$2" > "$BIN/.$1.version"; }
 
 build_k8s() {
-  if have kube-apiserver "$K8S_VERSION" && have kube-controller-manager "$K8S_VERSION" && have kubectl "$K8S_VERSION"; then
+  if have kube-apiserver "$K8S_VERSION" && have kube-controller-manager "$K8S_VERSION" && have kube-scheduler "$K8S_VERSION" \
+    && have kubectl "$K8S_VERSION"; then
     log "kubernetes $K8S_VERSION cached"; return
   fi
   local minor="v0.${K8S_VERSION#v1.}"
@@ -46,6 +47,7 @@ package tools
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 GO
@@ -54,7 +56,7 @@ GO
   local ld="-s -w -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2) -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date"
   ld="$ld -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
   (cd "$work" && go mod tidy -e >/dev/null 2>&1 || true)
-  for cmd in kube-apiserver kube-controller-manager kubectl; do
+  for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
     if have "$cmd" "$K8S_VERSION"; then log "$cmd $K8S_VERSION cached"; continue; fi
     log "building $cmd $K8S_VERSION (several minutes on 2 cores)"
     (cd "$work" && go build -trimpath -ldflags "$ld" -o "$BIN/$cmd" "k8s.io/kubernetes/cmd/$cmd")

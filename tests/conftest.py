@@ -14,4 +14,5 @@ pytest_plugins = [
     "tests.support.prometheus",
     "tests.support.oci",
     "tests.support.argocd",
+    "tests.support.scheduling",
 ]

@@ -14,7 +14,16 @@ from kvcal.models.status import Measurement, NoiseStatus
 Manifest = dict[str, Any]
 # Kinds the operator reads or writes; adapters map them to API groups.
 Kind = Literal[
-    "KVCalibration", "Job", "ConfigMap", "Deployment", "StatefulSet", "Service", "Pod", "InferencePool", "Secret"
+    "KVCalibration",
+    "Job",
+    "ConfigMap",
+    "Deployment",
+    "StatefulSet",
+    "Service",
+    "Pod",
+    "InferencePool",
+    "Secret",
+    "HorizontalPodAutoscaler",
 ]
 
 
@@ -46,6 +55,10 @@ class Kube(Protocol):
 
     def delete(self, kind: Kind, namespace: str, name: str) -> bool:
         """Delete (background propagation); False when it was already gone."""
+        ...
+
+    def scale(self, kind: Kind, namespace: str, name: str, replicas: int) -> bool:
+        """Set a workload's spec.replicas and nothing else (what `kubectl scale` does); False when it is gone."""
         ...
 
     def termination_message(self, namespace: str, job_name: str) -> str | None:

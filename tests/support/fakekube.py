@@ -47,6 +47,13 @@ class FakeKube:
     def apply_owned_fields(self, manifest: Manifest, field_manager: str) -> None:
         self.calls.append(f"apply_owned_fields {manifest['kind']}/{manifest['metadata']['name']} as {field_manager}")
 
+    def scale(self, kind: Kind, namespace: str, name: str, replicas: int) -> bool:
+        self.calls.append(f"scale {kind}/{name} {replicas}")
+        found = self.objects.get((kind, name))
+        if found is not None:
+            found["spec"]["replicas"] = replicas
+        return found is not None
+
     def delete(self, kind: Kind, namespace: str, name: str) -> bool:
         self.calls.append(f"delete {kind}/{name}")
         return self.objects.pop((kind, name), None) is not None

@@ -4,6 +4,9 @@ The real kube-controller-manager runs: the Job controller creates Pods for our J
 Job conditions; the Deployment/ReplicaSet and StatefulSet controllers create Pods and count the ready ones. No kubelet
 runs, so this harness does the kubelet's part for Pods in ONE namespace:
 
+- With `scheduled=True` (a real kube-scheduler runs: tests/support/scheduling.py), only pods it bound to a Node
+  run; an unplaced pod stays Pending with the scheduler's own PodScheduled condition, as on a full cluster, and a
+  deleted pod is removed for good once its container stopped (the Node's GPUs are free again).
 - Pods of a Job: the init containers run first, in order, on the same volumes (a failure fails the Pod), then the
   container's command runs as a LOCAL process with the args and env the operator wrote. The Pod
   is marked Running, then Succeeded/Failed with `state.terminated` {exitCode, reason, message}; the message is the
@@ -143,6 +146,7 @@ class FakeKubelet:
         on_serving: Callable[[Manifest, str], None] | None = None,
         node: str | None = None,
         pod_network: ipaddress.IPv4Network | None = None,
+        scheduled: bool = False,
     ) -> None:
         self.kube = kube
         self.namespace = namespace
@@ -158,6 +162,8 @@ class FakeKubelet:
         # Bind workload pods to this (existing) Node first, as the scheduler would: the EndpointSlice controller
         # publishes only pods on a Node it knows (tests/support/gateway.py routes to those EndpointSlices).
         self._node = node
+        # With a real kube-scheduler: only the pods it bound to a Node run, the rest stay Pending as it left them.
+        self._scheduled = scheduled
         # Served pods' IPs: from this network (local on this machine: tests/support/gateway.py) instead of
         # 127.0.N.M, which the API server refuses in an EndpointSlice.
         self._pod_network = pod_network
@@ -226,10 +232,15 @@ class FakeKubelet:
             self._kill(uid)  # the pod was deleted (scale-down, rollout, canary removed): stop its container
         for pod in pods:
             meta, status = pod["metadata"], pod.get("status") or {}
+            if self._scheduled and meta.get("deletionTimestamp") and pod["spec"].get("nodeName"):
+                self._finish_deletion(pod)  # its container is stopped: the Node's resources are free again
+                continue
             if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
                 continue
             if meta["uid"] in self._started or self._is_held(pod):
                 continue
+            if self._scheduled and not pod["spec"].get("nodeName"):
+                continue  # the scheduler has not placed it (yet)
             kind = _owner_kind(pod)
             if kind == "Job":
                 self._started.add(meta["uid"])
@@ -251,6 +262,19 @@ class FakeKubelet:
                     t.start()
                 else:
                     self._set_running(pod, ready=True)
+
+    def _finish_deletion(self, pod: Manifest) -> None:
+        """What a kubelet does once a deleted pod's containers stopped: delete it for good (grace period 0), so the
+        scheduler stops counting its requests on the Node."""
+        self._kill(pod["metadata"]["uid"])
+        with contextlib.suppress(Exception):  # already gone
+            self.kube.request(
+                "DELETE",
+                "Pod",
+                self.namespace,
+                pod["metadata"]["name"],
+                body={"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
+            )
 
     def _bind(self, pod: Manifest, node: str) -> None:
         name = pod["metadata"]["name"]

@@ -310,14 +310,16 @@ def operated_world(
     values: dict[str, str],
     gateway_router: bool = False,
     kubelet_env: dict[str, str] | None = None,
+    scheduled: bool = False,
 ) -> Iterator[World]:
     """A World whose operator authenticates as the ServiceAccount of charts/kvcal installed with namespace-scoped RBAC
     and ``values`` (the harness, playing kubelet and the test's user, keeps the admin client); with
     ``gateway_router``, the real HTTPRoute router under that ServiceAccount and held metrics (the analysis keeps
-    running). Fails the test if the chart's RBAC refused the operator anything."""
+    running); with ``scheduled``, the harness runs only what a real kube-scheduler bound (tests/support/scheduling.py).
+    Fails the test if the chart's RBAC refused the operator anything."""
     release = install_chart(cluster, namespace, release_name(), {"rbac.scope": "namespace", **values}, tmp_path)
     kube = KubeClient(cluster.api_client())
-    kubelet = FakeKubelet(kube, namespace, tmp_path, extra_env=kubelet_env).start()
+    kubelet = FakeKubelet(kube, namespace, tmp_path, extra_env=kubelet_env, scheduled=scheduled).start()
     backends: FakeBackends = FakeBackends()
     if gateway_router:
         sa_api = config.new_client_from_config(config_file=str(release.kubeconfig))  # type: ignore[no-untyped-call]

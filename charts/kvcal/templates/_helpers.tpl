@@ -92,6 +92,11 @@ replays each call under the chart's ServiceAccount token).
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "list", "create", "patch", "delete"]
+# spec.serving.canary.capacity fromBaseline scales the baseline down for the canary: refused where an autoscaler
+# owns its replicas (read only).
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["list"]
 {{- if .Values.rbac.gatewayApi }}
 # traffic.router gateway-api: shift HTTPRoute backend weights.
 - apiGroups: ["gateway.networking.k8s.io"]

@@ -68,6 +68,8 @@ _RESOURCES: dict[str, tuple[str, str]] = {
     "Event": ("/api/v1", "events"),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
     "InferencePool": ("/apis/inference.networking.k8s.io/v1", "inferencepools"),
+    # list only: is the baseline autoscaled (spec.serving.canary.capacity fromBaseline scales it)?
+    "HorizontalPodAutoscaler": ("/apis/autoscaling/v2", "horizontalpodautoscalers"),
 }
 
 
@@ -178,6 +180,15 @@ class KubeClient:
 
     def patch(self, kind: Kind, namespace: str, name: str, patch: Manifest) -> None:
         self.request("PATCH", kind, namespace, name, body=patch, content_type=MERGE_PATCH)
+
+    def scale(self, kind: Kind, namespace: str, name: str, replicas: int) -> bool:
+        try:
+            self.patch(kind, namespace, name, {"spec": {"replicas": replicas}})
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
 
     def apply_owned_fields(self, manifest: Manifest, field_manager: str) -> None:
         # A PATCH of the apply type, never `kubectl apply --server-side`: on an object last written by a client-side

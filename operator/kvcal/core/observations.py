@@ -1,5 +1,6 @@
 """What the reconciler saw this time (the input of decide) and what decide wants done (its output)."""
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -45,17 +46,43 @@ class DeploymentState:
     progress_deadline_exceeded: bool = False
     # A StatefulSet whose currentRevision is not yet its updateRevision: its controller has not finished the rollout.
     revision_pending: bool = False
+    # status.replicas: the pods of every revision not terminating (None: not reported). More than `replicas` means
+    # old pods still run beside the updated ones, e.g. an updated pod the scheduler could not place yet.
+    pods: int | None = None
+    # status.terminatingReplicas: pods being deleted, which still hold their Node's resources (None: not reported,
+    # as by API servers before Kubernetes 1.33).
+    terminating: int | None = None
 
     @property
     def rolled_out(self) -> bool:
         """The controller has seen the latest template and every replica runs it and is available."""
         return (
             not self.revision_pending
+            and (self.pods is None or self.pods <= self.replicas)
             and self.observed_generation >= self.generation
             and self.updated_replicas >= self.replicas
             and self.available_replicas >= self.replicas
             and self.ready_replicas >= self.replicas
         )
+
+
+# The scheduler names each resource no Node had enough of: "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+_INSUFFICIENT = re.compile(r"Insufficient ([A-Za-z0-9][A-Za-z0-9./_-]*[A-Za-z0-9])")
+
+
+@dataclass(frozen=True)
+class Unschedulable:
+    """Pods the scheduler could not place (their PodScheduled condition: False, reason Unschedulable)."""
+
+    pods: int
+    since: str  # RFC 3339: the earliest of their conditions' lastTransitionTime
+    message: str  # the scheduler's own words for one of them (no user data: node counts and resource names)
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        """The resources no Node had free enough of, e.g. ("nvidia.com/gpu",); empty for other causes (taints,
+        node selectors, affinity), which the message names."""
+        return tuple(dict.fromkeys(_INSUFFICIENT.findall(self.message)))
 
 
 @dataclass(frozen=True)
@@ -80,7 +107,11 @@ class Observations:
     calibration_job: JobState | None = None
     verification_job: JobState | None = None
     canary: DeploymentState | None = None
+    # The canary's pods the scheduler could not place; None: all placed (or not read in this phase).
+    canary_unschedulable: Unschedulable | None = None
     baseline: DeploymentState | None = None
+    # The HorizontalPodAutoscaler whose scaleTargetRef is the baseline (its name); None: none, or not read.
+    baseline_autoscaler: str | None = None
     baseline_service: Manifest | None = None
     measurements: tuple[Measurement, ...] = ()
     # The canary's share of user traffic as the router reports it (read back, never assumed); None where the router
@@ -148,7 +179,17 @@ class SetWeight:
     mirror: int = 0
 
 
-Action = Create | Apply | ApplyOwnedFields | Delete | SetWeight
+@dataclass(frozen=True)
+class ScaleBaseline:
+    """Set the baseline workload's replicas (spec.serving.canary.capacity fromBaseline), as `kubectl scale` does:
+    only spec.replicas changes."""
+
+    kind: Literal["Deployment", "StatefulSet"]
+    name: str
+    replicas: int
+
+
+Action = Create | Apply | ApplyOwnedFields | Delete | SetWeight | ScaleBaseline
 
 
 @dataclass(frozen=True)

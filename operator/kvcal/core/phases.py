@@ -37,7 +37,9 @@ Observed = Literal[
     "verification_job",
     "baseline",
     "baseline_service",
+    "baseline_autoscaler",  # spec.serving.canary.capacity fromBaseline: an HPA on the baseline
     "canary",
+    "canary_pods",  # the canary's pods the scheduler could not place
     "routed_weight",
     "gateway_features",
     "inference_pool",
@@ -181,7 +183,10 @@ LIFECYCLE = _declare(
         # Deploying -> Analyzing when the canary of the current step is ready.
         P.DEPLOYING, "rollout", rollout.deploying,
         # gateway_features: can the Gateway mirror (the shadow stage), asked before the canary exists
-        _reads("canary", "baseline", "baseline_service", "routed_weight", "gateway_features", "inference_pool"), 15.0,
+        _reads(
+            "canary", "canary_pods", "baseline", "baseline_service", "baseline_autoscaler", "routed_weight",
+            "gateway_features", "inference_pool",
+        ), 15.0,
         _to(P.ANALYZING, P.FAILED, *_ABORTS),
         active=True, abortable=True, serving=True, stuck_alert=True,
     ),

@@ -1,8 +1,11 @@
-"""A real, throw-away Kubernetes control plane on loopback: etcd + kube-apiserver + kube-controller-manager.
+"""A real, throw-away Kubernetes control plane on loopback: etcd + kube-apiserver + kube-controller-manager, and
+kube-scheduler where asked (`scheduler=True`).
 
 Built from the binaries `make control-plane` puts in $KVCAL_CACHE/bin (default ~/.cache/kvcal/bin). RBAC is on; the
 admin kubeconfig authenticates with a client certificate (group system:masters); ServiceAccount tokens work
-(`kubectl create token`). There is no scheduler and no kubelet: pods stay Pending unless a test plays kubelet.
+(`kubectl create token`). There is no kubelet: pods stay Pending unless a test plays kubelet. Without the scheduler
+the test binds pods too; with it, Nodes the test creates (`add_node`, advertising e.g. `nvidia.com/gpu` as an extended
+resource) are where the scheduler places pods, and what does not fit stays Pending with the scheduler's reason.
 
     python -m kvcal.devenv.controlplane up     # prints KUBECONFIG=... last, runs until Ctrl-C / SIGTERM
 """
@@ -32,7 +35,7 @@ import yaml
 from kvcal.devenv.pki import CertificateAuthority, KeyPair, service_account_keys
 from kvcal.local import LocalProcesses, cache_dir, free_port, stop_process_group
 
-REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
+REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_IP = "10.0.0.1"  # the first address of SERVICE_CIDR: the `kubernetes` Service; in the serving cert's SANs
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
@@ -114,12 +117,14 @@ class ControlPlane(LocalProcesses):
         root: Path | None = None,
         *,
         controller_manager: bool = True,
+        scheduler: bool = False,
         crds: Sequence[Path] = (),
     ) -> None:
         self.bin_dir = bin_dir or default_bin_dir()
         self._own_root = root is None
         self.dir = root or Path(tempfile.mkdtemp(prefix="kvcal-cp-"))
         self.controller_manager = controller_manager
+        self.scheduler = scheduler
         self.crds = tuple(crds)
         self.kubeconfig = self.dir / "admin.kubeconfig"
         self.port = 0
@@ -133,6 +138,7 @@ class ControlPlane(LocalProcesses):
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> Self:
         needed = ("etcd", "kube-apiserver") + (("kube-controller-manager",) if self.controller_manager else ())
+        needed += ("kube-scheduler",) if self.scheduler else ()
         missing = missing_binaries(self.bin_dir, needed)
         if missing:
             raise ControlPlaneError(
@@ -169,6 +175,7 @@ class ControlPlane(LocalProcesses):
         self._admin = ca.issue("admin", "kvcal-admin", organization="system:masters")
         self._ca = ca.cert
         kcm = ca.issue("controller-manager", "system:kube-controller-manager")
+        scheduler = ca.issue("scheduler", "system:kube-scheduler") if self.scheduler else None
         sa = service_account_keys(pki)
 
         etcd_port, peer_port, self.port = free_port(), free_port(), free_port()
@@ -190,6 +197,8 @@ class ControlPlane(LocalProcesses):
                 self.install_crd(crd, deadline - time.monotonic())
             if self.controller_manager:
                 self._spawn_controller_manager(ca.cert, kcm, sa)
+        if scheduler is not None:
+            self._spawn_scheduler(ca.cert, scheduler)
         if self.controller_manager:
             # The ServiceAccount controller creating `default` proves the controller-manager is up and authorized.
             self.wait_for_default_service_account("default", deadline - time.monotonic())
@@ -296,6 +305,49 @@ class ControlPlane(LocalProcesses):
         write_kubeconfig(kubeconfig, self.server, ca, client, "system:kube-controller-manager")
         self._spawn("kube-controller-manager", self._controller_manager_args(kubeconfig, ca, sa))
 
+    def _spawn_scheduler(self, ca: Path, client: KeyPair) -> None:
+        # The bootstrap RBAC binds system:kube-scheduler (and system:volume-scheduler) to this user.
+        kubeconfig = self.dir / "scheduler.kubeconfig"
+        write_kubeconfig(kubeconfig, self.server, ca, client, "system:kube-scheduler")
+        args = [
+            f"--kubeconfig={kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+            f"--cert-dir={self.dir / 'pki' / 'scheduler'}",
+            "--profiling=false",
+            "--v=1",
+        ]
+        self._spawn("kube-scheduler", args)
+
+    def add_node(self, name: str, capacity: dict[str, str], labels: dict[str, str] | None = None) -> None:
+        """A Ready Node with this capacity (and as much allocatable), e.g. {"nvidia.com/gpu": "1"}; cpu, memory and
+        pods get room for any test's pods unless named. Nothing runs on it: the test plays its kubelet."""
+        resources = {"cpu": "64", "memory": "256Gi", "pods": "110", **capacity}
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/os": "linux", "kubernetes.io/hostname": name,
+                                                  **(labels or {})}},
+        }  # fmt: skip
+        status, body = self._request("POST", "/api/v1/nodes", node)
+        if status not in (201, 409):
+            raise ControlPlaneError(f"creating Node {name} failed ({status}): {body}")
+        # The API server taints a new Node not-ready (TaintNodesByCondition); the node lifecycle controller, which
+        # would lift it once the Node reports Ready, does not run here (no kubelet sends heartbeats).
+        status, body = self._request(
+            "PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": None}}, "application/merge-patch+json"
+        )
+        if status != 200:
+            raise ControlPlaneError(f"untainting Node {name} failed ({status}): {body}")
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": now,
+                 "lastTransitionTime": now}  # fmt: skip
+        patch = {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}}
+        status, body = self._request("PATCH", f"/api/v1/nodes/{name}/status", patch, "application/merge-patch+json")
+        if status != 200:
+            raise ControlPlaneError(f"setting Node {name}'s status failed ({status}): {body}")
+
     def _spawn(self, name: str, args: list[str]) -> None:
         with (self.dir / f"{name}.log").open("ab") as log:
             self._procs[name] = subprocess.Popen(
@@ -313,14 +365,16 @@ class ControlPlane(LocalProcesses):
         """HTTP status of GET path as the admin user; 0 when the server is not answering yet."""
         return self._request("GET", path)[0]
 
-    def _request(self, method: str, path: str, body: object = None) -> tuple[int, str]:
+    def _request(
+        self, method: str, path: str, body: object = None, content_type: str = "application/json"
+    ) -> tuple[int, str]:
         """(status, body) of a request as the admin user; status 0 when the server is not answering yet."""
         assert self._admin is not None and self._ca is not None
         context = ssl.create_default_context(cafile=str(self._ca))
         context.load_cert_chain(str(self._admin.cert), str(self._admin.key))
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(
-            self.server + path, data=data, method=method, headers={"Content-Type": "application/json"}
+            self.server + path, data=data, method=method, headers={"Content-Type": content_type}
         )
         return _http_request(request, context)
 
@@ -340,7 +394,13 @@ def _up(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    plane = ControlPlane(args.bin_dir, args.dir, controller_manager=not args.no_controller_manager, crds=args.crd)
+    plane = ControlPlane(
+        args.bin_dir,
+        args.dir,
+        controller_manager=not args.no_controller_manager,
+        scheduler=args.scheduler,
+        crds=args.crd,
+    )
     try:
         plane.start(timeout=args.timeout)
         print(f"control plane ready in {plane.startup_seconds:.1f}s: {plane.server} (state and logs: {plane.dir})")
@@ -367,6 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--bin-dir", type=Path, default=None, help="binaries (default $KVCAL_CACHE/bin)")
     up.add_argument("--dir", type=Path, default=None, help="state directory (default a fresh temp dir)")
     up.add_argument("--no-controller-manager", action="store_true", help="API server and etcd only")
+    up.add_argument("--scheduler", action="store_true", help="also kube-scheduler (pods bound to the Nodes you add)")
     up.add_argument("--crd", type=Path, action="append", default=[], help="CRD YAML to install first (repeatable)")
     up.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness")
     up.set_defaults(func=_up)

@@ -331,6 +331,33 @@ class ProtectedLayers(SpecModel):
         return layers
 
 
+class SchedulingSpec(SpecModel):
+    """What kvcal does when the scheduler cannot place the canary's pods (e.g. no Node has a free GPU)."""
+
+    timeout: str = Field(
+        default="5m",
+        min_length=2,
+        max_length=16,
+        pattern=DURATION_PATTERN,
+        description=(
+            "How long canary pods may stay unschedulable before onTimeout applies, e.g. 5m (0s: at once). They are "
+            "reported at once either way: CanaryReady False with reason Unschedulable and a Warning event that "
+            "quote the scheduler (the resource no Node had free, e.g. nvidia.com/gpu)."
+        ),
+    )
+    on_timeout: Literal["rollback", "wait"] = Field(
+        default="rollback",
+        description=(
+            "rollback rolls back with reason CanaryUnschedulable (the baseline untouched); wait keeps waiting for "
+            "capacity (a Node added or freed), past the Deployment's progress deadline too."
+        ),
+    )
+
+    @property
+    def timeout_seconds(self) -> float:
+        return parse_duration(self.timeout)
+
+
 # Admission's share of _no_owned_flags (vllm_flags builds both from its list of owned flags).
 EXTRA_ARG_RULES = [cel(rule["rule"], rule["message"]) for rule in vllm_flags.admission_item_rules()]
 EXTRA_ARGS_START_WITH_A_FLAG = (
@@ -368,6 +395,22 @@ class CanarySpec(SpecModel):
         description=(
             "Attention layers whose KV cache stays in BF16 (vLLM --kv-cache-dtype-skip-layers) on the canary and "
             "the promoted baseline; the verification Job checks vLLM keeps them in BF16."
+        ),
+    )
+    capacity: Literal["surge", "fromBaseline"] = Field(
+        default="surge",
+        description=(
+            "Where the canary's pods (and their GPUs) come from. surge: beside the baseline, which keeps all its "
+            "pods (a rollback is instant; the cluster needs room for the canary). fromBaseline: the baseline is "
+            "scaled down by the canary's pods first, so the pod and GPU count never grows (for clusters without "
+            "spare GPUs); its replicas are restored on rollback, promotion and delete (a rollback then waits for "
+            "vLLM pods to start). Needs 2+ baseline pods and no HorizontalPodAutoscaler on the baseline."
+        ),
+    )
+    scheduling: SchedulingSpec = Field(
+        default=SchedulingSpec(),
+        description=(
+            "Canary pods the scheduler cannot place (GPUs full): how long to wait, then roll back or keep waiting."
         ),
     )
     extra_args: list[Annotated[str, Field(max_length=1024, json_schema_extra=kube(*EXTRA_ARG_RULES))]] = Field(

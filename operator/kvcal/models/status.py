@@ -222,6 +222,14 @@ class CanaryStatus(Model):
     shadowed: bool = Field(
         default=False, description="The shadow stage (spec.serving.traffic.shadow) passed; the weighted steps run."
     )
+    baseline_replicas: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "spec.serving.canary.capacity fromBaseline: the baseline's replicas before kvcal scaled it down for the "
+            "canary, restored when the canary goes (rollback, promotion, delete); unset when none are taken."
+        ),
+    )
 
 
 class Measurement(Model):

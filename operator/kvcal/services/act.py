@@ -15,7 +15,17 @@ from datetime import datetime, timedelta
 
 from kvcal.core.manifests import FIELD_MANAGER, Owner
 from kvcal.core.manifests.common import LABEL_CALIBRATION, LABEL_MANAGED_BY, MANAGED_BY, label_value
-from kvcal.core.observations import Apply, ApplyOwnedFields, ChildKind, Create, Decision, Delete, Event, SetWeight
+from kvcal.core.observations import (
+    Apply,
+    ApplyOwnedFields,
+    ChildKind,
+    Create,
+    Decision,
+    Delete,
+    Event,
+    ScaleBaseline,
+    SetWeight,
+)
 from kvcal.core.phases import LIFECYCLE
 from kvcal.core.status.events import history_event, history_event_name
 from kvcal.core.timestamps import parse_rfc3339
@@ -62,6 +72,8 @@ class Actor:
                     self.kube.apply_owned_fields(m, FIELD_MANAGER)
                 case Delete(kind=kind, name=name):
                     self.kube.delete(kind, ns, name)
+                case ScaleBaseline(kind=kind, name=name, replicas=replicas):
+                    self.kube.scale(kind, ns, name, replicas)
                 case SetWeight(weight=weight, mirror=mirror):
                     router = adapters.router if adapters else None
                     if router is not None and adapters is not None:

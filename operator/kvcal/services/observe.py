@@ -28,7 +28,14 @@ from kvcal.core.manifests import Owner, calibration_job_name, canary_name, verif
 from kvcal.core.manifests.common import match_labels
 from kvcal.core.manifests.endpoints import canary_pod_labels, pod_ready, probe_urls
 from kvcal.core.manifests.pool import canary_picker_name, canary_pool_name, picker_service_name
-from kvcal.core.observations import GATE_ANNOTATIONS, DeploymentState, JobState, Observations, PoolState
+from kvcal.core.observations import (
+    GATE_ANNOTATIONS,
+    DeploymentState,
+    JobState,
+    Observations,
+    PoolState,
+    Unschedulable,
+)
 from kvcal.core.phases import LIFECYCLE
 from kvcal.core.problems import NeedsFix
 from kvcal.core.spechash import effective_spec_hash
@@ -116,7 +123,39 @@ def workload_state(kind: WorkloadKind, workload: Manifest | None) -> DeploymentS
         observed_generation=int(status.get("observedGeneration", 0)),
         progress_deadline_exceeded=stuck,
         revision_pending=pending,
+        pods=int(status["replicas"]) if "replicas" in status else None,
+        terminating=int(status["terminatingReplicas"]) if "terminatingReplicas" in status else None,
     )
+
+
+# The scheduler's message is Kubernetes' own text, but long on a big cluster (one clause per kind of Node).
+UNSCHEDULABLE_MESSAGE_CHARS = 300
+
+
+def unschedulable(pods: Sequence[Manifest]) -> Unschedulable | None:
+    """The pods the scheduler could not place, as it reports them: PodScheduled False with reason Unschedulable.
+    A pod being deleted, or already bound, does not count."""
+    found: list[tuple[str, str]] = []
+    for pod in pods:
+        if pod["metadata"].get("deletionTimestamp") or (pod.get("spec") or {}).get("nodeName"):
+            continue
+        for cond in (pod.get("status") or {}).get("conditions") or []:
+            refused = cond.get("status") == "False" and cond.get("reason") == "Unschedulable"
+            if cond.get("type") == "PodScheduled" and refused:
+                found.append((str(cond.get("lastTransitionTime") or ""), str(cond.get("message") or "")))
+    if not found:
+        return None
+    since, message = min(found)
+    return Unschedulable(len(found), since, message.strip()[:UNSCHEDULABLE_MESSAGE_CHARS])
+
+
+def autoscaler_of(autoscalers: Sequence[Manifest], kind: str, name: str) -> str | None:
+    """The name of the HorizontalPodAutoscaler that scales this workload, if one does."""
+    for hpa in autoscalers:
+        target = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
+        if target.get("kind") == kind and target.get("name") == name:
+            return str(hpa["metadata"]["name"])
+    return None
 
 
 def routed(obs: Observations) -> Routing | None:
@@ -192,7 +231,17 @@ class Observer:
             calibration_job=job("calibration_job", calibration_job_name(owner.name, current_hash)),
             verification_job=job("verification_job", verification_job_name(owner.name, current_hash)),
             canary=workload("canary", canary_name(owner.name)),
+            canary_unschedulable=(
+                unschedulable(self.kube.list("Pod", ns, canary_pod_labels(owner.name)))
+                if "canary_pods" in needs
+                else None
+            ),
             baseline=workload("baseline", baseline.deployment),
+            baseline_autoscaler=(
+                autoscaler_of(self.kube.list("HorizontalPodAutoscaler", ns, {}), baseline.kind, baseline.deployment)
+                if "baseline_autoscaler" in needs and spec.serving.canary.capacity == "fromBaseline"
+                else None
+            ),
             baseline_service=self.kube.get("Service", ns, baseline.service) if "baseline_service" in needs else None,
             policy=self.policy,
             routed_weight=routed_weight,

@@ -17,6 +17,10 @@
 - ``none``: analysis only; the canary (``spec.serving.canary.replicas`` pods) gets no user traffic, only probes and
   whatever load a test sends.
 
+With ``spec.serving.canary.capacity: fromBaseline`` (clusters without spare GPUs) the baseline IS scaled down: the
+canary's pods come out of its ``N`` (``plan_from_baseline``), the baseline keeps ``N - c``, and the rollback waits for
+its pods to start again; that is the price of never asking the cluster for more GPUs than the baseline had.
+
 The shadow stage (``spec.serving.traffic.shadow``, gateway-api only) comes before the first step: weight 0, the
 route mirrors ``percent`` of its requests to the canary (Gateway API RequestMirror; the gateway drops the mirror's
 answers), so the canary is sized like a step of that weight. Not every gateway mirrors: the route's Gateway class
@@ -86,6 +90,23 @@ def plan_shadow(shadow: ShadowSpec, baseline_replicas: int, min_canary: int = 1)
         raise ValueError(f"baseline replicas {baseline_replicas}: the baseline Deployment must run at least 1 pod")
     canary = max(1, min_canary, math.ceil(baseline_replicas * shadow.percent / 100))
     return TrafficPlan(0, canary, baseline_replicas, requested_weight=0)
+
+
+def plan_from_baseline(plan: TrafficPlan, router: Router, total: int) -> TrafficPlan:
+    """spec.serving.canary.capacity fromBaseline: ``plan`` (made for ``total`` baseline pods) with the canary's pods
+    taken out of the baseline's, so both together never run more than ``total`` (the cluster's GPUs for this model).
+    The baseline keeps at least one pod; under ``replicas`` the canary's share is its part of the total, the pod
+    count nearest the asked weight."""
+    if total < 2:
+        raise ValueError(
+            f"spec.serving.canary.capacity fromBaseline: the baseline runs {total} pod, and must keep one: scale it to "
+            "2 or more, or use capacity surge"
+        )
+    if router == "replicas":
+        canary = min(range(1, total), key=lambda c: (abs(100 * c / total - plan.requested_weight), c))
+        return TrafficPlan(round(100 * canary / total), canary, total - canary, plan.requested_weight)
+    canary = min(plan.canary_replicas, total - 1)
+    return TrafficPlan(plan.weight, canary, total - canary, plan.requested_weight)
 
 
 def in_shadow_stage(traffic: TrafficSpec, step_index: int, shadowed: bool) -> bool:

@@ -3,6 +3,7 @@ promotions, spec changes and deletes all go through here, so traffic never point
 
 from kvcal.core.manifests import canary_name
 from kvcal.core.observations import Delete, SetWeight
+from kvcal.core.rollout.borrowed import give_back
 from kvcal.core.rollout.drain import drain_step
 from kvcal.core.rollout.pool import pool_deletes
 from kvcal.core.status.builder import Builder
@@ -19,6 +20,7 @@ def canary_deletes(draft: Builder) -> tuple[Delete, ...]:
 
 def remove_children(draft: Builder, *, include_jobs: bool) -> None:
     draft.do(SetWeight(0), *canary_deletes(draft))
+    give_back(draft)
     if include_jobs:
         for job in (draft.status.calibration.job, draft.status.verification.job):
             if job:
@@ -27,9 +29,10 @@ def remove_children(draft: Builder, *, include_jobs: bool) -> None:
             draft.do(Delete("ConfigMap", draft.status.calibration.job))
 
 
-def remove_canary(draft: Builder, spec: KVCalibrationSpec) -> bool:
+def remove_canary(draft: Builder, spec: KVCalibrationSpec, *, give_back_pods: bool = True) -> bool:
     """Route 100% to the baseline, read it back, drain, then delete the canary (see core.rollout.drain); True once
-    deleting."""
+    deleting. The baseline gets back the pods taken for the canary (core.rollout.borrowed) with the deletes, unless
+    `give_back_pods` is False (the promotion gives them back with its own apply)."""
     draft.do(SetWeight(0))  # and no mirror: a mirror naming a deleted Service breaks the route on some gateways
     obs, canary = draft.obs, draft.status.canary
     drain = drain_step(
@@ -44,4 +47,6 @@ def remove_canary(draft: Builder, spec: KVCalibrationSpec) -> bool:
         draft.wait(drain.message, drain.wait_seconds)
         return False
     draft.do(*canary_deletes(draft))
+    if give_back_pods:
+        give_back(draft)
     return True

@@ -21,11 +21,14 @@ from kvcal.core.manifests.traffic import (
     canary_behind_baseline_service,
     in_shadow_stage,
     mirror_refusal,
+    plan_from_baseline,
     plan_shadow,
     plan_step,
 )
 from kvcal.core.manifests.workload import SHORT_NAMES
-from kvcal.core.observations import PROMOTE_ANNOTATION, Apply, ApplyOwnedFields, Delete, SetWeight
+from kvcal.core.observations import PROMOTE_ANNOTATION, Apply, ApplyOwnedFields, Delete, SetWeight, Unschedulable
+from kvcal.core.rollout import borrowed
+from kvcal.core.rollout.borrowed import baseline_total, takes_from_baseline
 from kvcal.core.rollout.canary import remove_canary
 from kvcal.core.rollout.pool import (
     baseline_pool_state,
@@ -35,9 +38,14 @@ from kvcal.core.rollout.pool import (
     uses_pools,
 )
 from kvcal.core.status.builder import Builder, StepEntered, blocked, fail, no_baseline
+from kvcal.core.status.conditions import get_condition
 from kvcal.core.timestamps import parse_rfc3339, rfc3339
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import AnalysisStatus, Phase
+
+# How often an unschedulable canary is looked at again (the scheduler retries it on its own; a Node freed or added
+# shows within this).
+UNSCHEDULABLE_POLL_SECONDS = 15.0
 
 
 def deploying(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> None:
@@ -57,9 +65,19 @@ def deploying(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> Non
             draft.condition("CanaryReady", "False", "MirrorUnsupported", refusal)
             blocked(draft, "MirrorUnsupported", refusal, 30.0)
             return
-        plan = plan_shadow(shadow, baseline.replicas, spec.serving.canary.replicas)
+    taking = takes_from_baseline(spec)
+    total = baseline_total(draft, baseline.replicas) if taking else baseline.replicas
+    if shadow is not None and shadowing:
+        plan = plan_shadow(shadow, total, spec.serving.canary.replicas)
     else:
-        plan = plan_step(traffic, step, baseline.replicas, spec.serving.canary.replicas)
+        plan = plan_step(traffic, step, total, spec.serving.canary.replicas)
+    if taking:
+        refused = borrowed.refusal(draft, spec, total)
+        if refused is not None:
+            draft.condition("CanaryReady", "False", "CannotTakeFromBaseline", refused)
+            blocked(draft, "CannotTakeFromBaseline", refused, 30.0)
+            return
+        plan = plan_from_baseline(plan, traffic.router, total)
     mirror = shadow.percent if shadow is not None and shadowing else 0
     name = canary_name(draft.obs.owner.name)
     canary = draft.obs.canary
@@ -74,6 +92,8 @@ def deploying(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> Non
         return
     # inference-pool: the baseline pool must exist first; the canary's pods leave out its selector keys too.
     pool_keys = pool_selector_keys(baseline_pool_state(draft, spec)[1]) if uses_pools(spec) else frozenset()
+    if taking and not borrowed.take(draft, spec, total, plan.baseline_replicas):
+        return  # the baseline gives up its pods first: the canary is sized on the next pass
     if canary is None or canary.replicas != plan.canary_replicas:
         workload = build_canary_workload(
             draft.obs.owner, spec, baseline.manifest, plan.canary_replicas, service, pool_keys
@@ -88,6 +108,10 @@ def deploying(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> Non
             update={"deployment": name, "step_index": step, "ready_replicas": ready, "draining_since": None}
         )
     )
+    unplaced = draft.obs.canary_unschedulable
+    if canary is not None and unplaced is not None and ready < plan.canary_replicas:
+        unschedulable(draft, spec, name, unplaced, current_hash)
+        return
     if canary is not None and canary.progress_deadline_exceeded:
         draft.condition("CanaryReady", "False", "ProgressDeadlineExceeded", f"canary {name} did not become ready")
         draft.move(Phase.ROLLING_BACK, "CanaryNotReady", f"canary {name} did not become ready: rolling back")
@@ -115,6 +139,44 @@ def deploying(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> Non
     draft.condition("AnalysisPassed", "Unknown", "Running", "analysis running")
     entered = None if mirror else StepEntered(step + 1, len(traffic.steps), plan.weight)
     draft.move(Phase.ANALYZING, "CanaryReady", message, step=entered)
+
+
+def unschedulable(
+    draft: Builder, spec: KVCalibrationSpec, name: str, unplaced: Unschedulable, current_hash: str
+) -> None:
+    """Canary pods the scheduler could not place: said at once (condition, one Warning event), then the spec's
+    choice once they have waited spec.serving.canary.scheduling.timeout. The Deployment's progress deadline does not
+    decide here: the cause is known, and `wait` means waiting past it."""
+    scheduling = spec.serving.canary.scheduling
+    missing = f" (no Node has a free {', '.join(unplaced.missing)})" if unplaced.missing else ""
+    what = (
+        f"{unplaced.pods} canary pod{'s' if unplaced.pods > 1 else ''} of {name} unschedulable since "
+        f"{unplaced.since}{missing}: {unplaced.message}"
+    )
+    since = parse_rfc3339(unplaced.since) if unplaced.since else draft.now
+    deadline = since + timedelta(seconds=scheduling.timeout_seconds)
+    if scheduling.on_timeout == "rollback" and draft.now >= deadline:
+        draft.condition("CanaryReady", "False", "Unschedulable", what)
+        draft.move(
+            Phase.ROLLING_BACK,
+            "CanaryUnschedulable",
+            f"{what}: rolling back after {scheduling.timeout} (spec.serving.canary.scheduling)",
+        )
+        rolling_back(draft, spec, current_hash)
+        return
+    then = (
+        f"rolling back at {rfc3339(deadline)}"
+        if scheduling.on_timeout == "rollback"
+        else "waiting for capacity (onTimeout wait)"
+    )
+    message = f"{what}; {then} (spec.serving.canary.scheduling)"
+    before = get_condition(draft.start.conditions, "CanaryReady")
+    if before is None or before.reason != "Unschedulable":
+        draft.event("Warning", "CanaryUnschedulable", message)
+    draft.condition("CanaryReady", "False", "Unschedulable", message)
+    left = (deadline - draft.now).total_seconds()
+    poll = UNSCHEDULABLE_POLL_SECONDS
+    draft.wait(message, max(1.0, min(poll, left)) if scheduling.on_timeout == "rollback" else poll)
 
 
 def analyzing(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> None:
@@ -270,6 +332,8 @@ def promoting(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> Non
     if not is_promoted(baseline.manifest, draft.obs.owner, current_hash):
         if _promotion_refused(draft, spec):
             return
+        if draft.status.canary.baseline_replicas is not None and not _canary_gives_its_gpus(draft, spec):
+            return
         draft.do(ApplyOwnedFields(build_promoted_baseline(draft.obs.owner, spec, current_hash, baseline.manifest)))
         draft.condition("Promoted", "False", "RollingOut", f"rolling {name} to the calibrated checkpoint with FP8 KV")
         draft.wait(f"rolling the baseline {name} to the calibrated checkpoint")
@@ -281,6 +345,17 @@ def promoting(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> Non
     if not baseline.rolled_out:
         updated, ready = baseline.updated_replicas, baseline.ready_replicas
         message = f"{updated}/{baseline.replicas} baseline pods updated, {ready} ready"
+        if baseline.pods is not None and baseline.pods > baseline.replicas:
+            message += f", {baseline.pods - baseline.replicas} old still running"
+        draft.condition("Promoted", "False", "RollingOut", message)
+        draft.wait(message)
+        return
+    if draft.status.canary.baseline_replicas is not None:
+        # Rolled out on the pods it kept: now the ones it gave the canary, each placed where an old pod ended. Not
+        # with the template: a rollout asking for them too would wait on GPUs its own old pods hold.
+        total = draft.status.canary.baseline_replicas
+        borrowed.give_back(draft)
+        message = f"{name} serves the calibrated checkpoint on {baseline.replicas} pods: scaling it back to {total}"
         draft.condition("Promoted", "False", "RollingOut", message)
         draft.wait(message)
         return
@@ -291,6 +366,22 @@ def promoting(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> Non
     message = f"{name} serves the calibrated checkpoint with FP8 KV on all {baseline.replicas} pods"
     draft.condition("Promoted", "True", "RolledOut", message)
     draft.move(Phase.SUCCEEDED, "Promoted", message)
+
+
+def _canary_gives_its_gpus(draft: Builder, spec: KVCalibrationSpec) -> bool:
+    """capacity fromBaseline: the cluster has no GPU beyond the baseline's and the canary's, so the canary goes
+    before the baseline rolls (a surge pod would never be placed); True once it is gone. Its pods are given back
+    once the baseline rolled out on the pods it kept: restored before, they would start the old model, and a
+    rollout asking for all of them at once waits on GPUs its own old pods hold (maxUnavailable 0)."""
+    if not remove_canary(draft, spec, give_back_pods=False):
+        draft.condition("Promoted", "False", "DrainingCanary", draft.status.message or "")
+        return False
+    if draft.obs.canary is not None:
+        message = "removing the canary first: the baseline's rollout takes its GPUs (capacity fromBaseline)"
+        draft.condition("Promoted", "False", "DrainingCanary", message)
+        draft.wait(message, draft.lifecycle.poll_seconds(Phase.PROMOTING))
+        return False
+    return True
 
 
 def _promotion_refused(draft: Builder, spec: KVCalibrationSpec) -> bool:

@@ -1,0 +1,230 @@
+"""GPU-tight Nodes under a real kube-scheduler: the canary asks for a GPU that no Node has free.
+
+The control plane runs kube-scheduler (tests/support/scheduling.py); the Nodes advertise `nvidia.com/gpu` as an
+extended resource and the baseline's vLLM container asks for one, as on a GPU fleet. The harness plays kubelet only
+for the pods the scheduler bound, so what does not fit stays Pending with the scheduler's own reason. The operator
+runs under the chart's RBAC; calibration and verification are skipped by writing status (as in test_capacity).
+"""
+
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kvcal.core.manifests import canary_name
+from tests.support.cluster import Cluster, wait_for
+from tests.support.scheduling import GPU, NodeAdder, gpu_use, on_gpu_nodes
+from tests.support.world import (
+    HOST_PATHS_ALLOWED,
+    World,
+    baseline,
+    condition,
+    dataset_configmap,
+    kvcalibration,
+    operated_world,
+)
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def world(scheduled_plane: Cluster, scheduled_namespace: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> Any:
+    yield from operated_world(
+        scheduled_plane, scheduled_namespace, tmp_path, caplog, values=HOST_PATHS_ALLOWED, scheduled=True
+    )
+
+
+def baseline_on_gpus(w: World, model: Path, replicas: int = 1) -> dict[str, Any]:
+    deployment, service = baseline(model, replicas)
+    on_gpu_nodes(deployment, w.namespace)  # as the API server holds it once ready
+    for manifest in (deployment, service, dataset_configmap()):
+        w.apply(manifest)
+
+    def ready() -> dict[str, Any] | None:
+        obj = w.kube.get("Deployment", w.namespace, "llm") or {}
+        return obj if (obj.get("status") or {}).get("readyReplicas") == replicas else None
+
+    served: dict[str, Any] = wait_for(ready, 60, "the baseline's pods scheduled and ready")
+    return served
+
+
+def to_deploying(w: World, name: str) -> None:
+    """Past calibration and verification (held, then skipped by writing status); the calibration Job is deleted, as
+    if it had finished, so its pod holds no GPU (it asks for one, like a real calibration)."""
+    obj = w.wait_phase(name, "Calibrating", 60)
+    status = {"phase": "Deploying", "verification": {"job": f"{obj['status']['calibration']['job']}-v", "layers": 1,
+                                                     "mismatches": 0}}  # fmt: skip
+    w.cluster.kubectl("patch", "-n", w.namespace, f"kvcalibration/{name}", "--subresource=status", "--type=merge",
+                      "-p", yaml.safe_dump({"status": status}))  # fmt: skip
+    w.wait_phase(name, "Deploying", 30)  # before the delete: Calibrating would re-create a vanished Job
+    w.cluster.kubectl("delete", "job", "-n", w.namespace, obj["status"]["calibration"]["job"], "--wait=false")
+
+
+def unschedulable_reported(w: World, name: str) -> dict[str, Any] | None:
+    obj = w.kvcal(name)
+    ready = next((c for c in obj.get("status", {}).get("conditions") or [] if c["type"] == "CanaryReady"), None)
+    return obj if ready is not None and ready["reason"] == "Unschedulable" else None
+
+
+def unschedulable_events(w: World, name: str) -> list[str]:
+    """The messages of the operator's CanaryUnschedulable events about `name`, oldest first."""
+    events = w.cluster.get_json("events", "-n", w.namespace, "--field-selector", f"involvedObject.name={name}")
+    items = [e for e in events["items"] if e["reason"] == "CanaryUnschedulable"]  # type: ignore[attr-defined]
+    items.sort(key=lambda e: (e.get("eventTime") or "", e.get("firstTimestamp") or ""))
+    return [str(e["message"]) for e in items]
+
+
+def canary_pod_created_at(w: World) -> datetime:
+    (pod,) = w.kube.list("Pod", w.namespace, {"role": "canary"})
+    return datetime.fromisoformat(pod["metadata"]["creationTimestamp"])
+
+
+def test_a_canary_no_node_has_a_gpu_for_is_reported_then_rolled_back(
+    world: World, gpu_nodes: NodeAdder, tmp_path: Path
+) -> None:
+    w, name = world, "gpu-full"
+    gpu_nodes(1)
+    model = tmp_path / "model"
+    model.mkdir()
+    before = baseline_on_gpus(w, model)
+    w.kubelet.hold("calibration")
+    spec = {"canary": {"scheduling": {"timeout": "5s", "onTimeout": "rollback"}}}
+    w.apply(kvcalibration(name, model, w.out, serving=spec))
+    to_deploying(w, name)
+
+    obj = wait_for(lambda: unschedulable_reported(w, name), 30, "CanaryReady False, reason Unschedulable")
+    seen = datetime.now(UTC)
+    message = condition(obj, "CanaryReady")["message"]
+    assert f"1 canary pod of {canary_name(name)} unschedulable since " in message
+    assert f"(no Node has a free {GPU})" in message
+    assert f"Insufficient {GPU}" in message  # the scheduler's own words
+    assert "rolling back at " in message and "spec.serving.canary.scheduling" in message
+    # Reported within one pass of the scheduler's verdict, not at the Deployment's 10-minute progress deadline.
+    assert (seen - canary_pod_created_at(w)).total_seconds() < 20
+
+    obj = w.wait_phase(name, "RolledBack", 60)
+    rolling_back = next(h for h in obj["status"]["history"] if h["phase"] == "RollingBack")
+    assert rolling_back["reason"] == "CanaryUnschedulable"
+    assert rolling_back["message"].endswith("rolling back after 5s (spec.serving.canary.scheduling)")
+    # One report when first seen, then the rollback's own history event; not one per pass.
+    reports = unschedulable_events(w, name)
+    assert (
+        len(reports) == 2
+        and "; rolling back at " in reports[0]
+        and reports[1].endswith("after 5s (spec.serving.canary.scheduling)")
+    )
+    wait_for(lambda: w.children("Deployment", name) == [], 30, "the canary removed")
+    after = w.kube.get("Deployment", w.namespace, "llm")
+    assert after is not None and after["spec"]["template"] == before["spec"]["template"]
+    assert sum(gpu_use(w.cluster, w.namespace).values()) == 1  # the baseline's GPU, nothing left behind
+
+
+def test_a_canary_told_to_wait_waits_for_a_gpu_then_goes_on(world: World, gpu_nodes: NodeAdder, tmp_path: Path) -> None:
+    w, name = world, "gpu-wait"
+    gpu_nodes(1)
+    model = tmp_path / "model"
+    model.mkdir()
+    baseline_on_gpus(w, model)
+    w.kubelet.hold("calibration")
+    spec = {"canary": {"scheduling": {"timeout": "0s", "onTimeout": "wait"}}}
+    w.apply(kvcalibration(name, model, w.out, serving=spec))
+    to_deploying(w, name)
+
+    obj = wait_for(lambda: unschedulable_reported(w, name), 30, "CanaryReady False, reason Unschedulable")
+    assert obj["status"]["phase"] == "Deploying"  # a timeout of 0s, and still waiting: the spec said wait
+    assert condition(obj, "CanaryReady")["message"].endswith(
+        "waiting for capacity (onTimeout wait) (spec.serving.canary.scheduling)"
+    )
+    assert len(unschedulable_events(w, name)) == 1
+
+    added = gpu_nodes(1)  # the cluster autoscaler's part: a Node with a free GPU
+    obj = w.wait_phase(name, "Analyzing", 60)
+    assert condition(obj, "CanaryReady")["status"] == "True"
+    assert [h["reason"] for h in obj["status"]["history"]].count("CanaryUnschedulable") == 0
+    assert gpu_use(w.cluster, w.namespace)[added] == 1  # the canary runs on the new Node
+    assert len(unschedulable_events(w, name)) == 1  # said once, not on every pass
+
+
+class GpuWatch:
+    """Samples the GPUs that bound pods of the namespace hold, as a cluster's accounting would see them."""
+
+    def __init__(self, w: World) -> None:
+        self.w, self.most = w, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):  # a sampling period, not a wait for a condition
+            self.most = max(self.most, sum(gpu_use(self.w.cluster, self.w.namespace).values()))
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(10)
+        return self.most
+
+
+def placed(w: World, replicas: int) -> bool:
+    """The baseline runs `replicas` pods, every one bound and Ready, and no pod of the namespace is left Pending."""
+    pods = [p for p in w.kube.list("Pod", w.namespace, {}) if not p["metadata"].get("deletionTimestamp")]
+    serving = [p for p in pods if (p["metadata"].get("labels") or {}).get("app") == "llm"]
+    pending = [p for p in pods if (p.get("status") or {}).get("phase") == "Pending"]
+    ready = [p for p in serving if p["spec"].get("nodeName") and (p.get("status") or {}).get("phase") == "Running"]
+    return not pending and len(serving) == len(ready) == replicas
+
+
+FROM_BASELINE = {"canary": {"capacity": "fromBaseline"}}
+
+
+def test_from_baseline_promotes_on_a_cluster_with_no_gpu_to_spare(
+    world: World, gpu_nodes: NodeAdder, tmp_path: Path
+) -> None:
+    w, name = world, "from-baseline"
+    gpu_nodes(2)  # exactly the baseline's GPUs: a surge canary could never be placed (the first test)
+    model = tmp_path / "model"
+    model.mkdir()
+    baseline_on_gpus(w, model, replicas=2)
+    watch = GpuWatch(w)
+    w.kubelet.hold("calibration")
+    w.apply(kvcalibration(name, model, w.out, serving=FROM_BASELINE, promotion={"mode": "auto"}))
+    to_deploying(w, name)
+
+    obj = w.wait_phase(name, "Analyzing", 60)
+    assert obj["status"]["canary"]["baselineReplicas"] == 2
+    deployment = w.kube.get("Deployment", w.namespace, "llm")
+    assert deployment is not None and deployment["spec"]["replicas"] == 1  # one pod's GPU went to the canary
+
+    obj = w.wait_phase(name, "Succeeded", 120)
+    wait_for(lambda: placed(w, 2), 60, "the promoted baseline back on both GPUs, nothing Pending")
+    assert watch.stop() == 2  # never a GPU more than the baseline had
+    promoted = w.kube.get("Deployment", w.namespace, "llm")
+    assert promoted is not None and promoted["spec"]["replicas"] == 2
+    assert "--kv-cache-dtype" in promoted["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "baselineReplicas" not in obj["status"]["canary"]
+    assert "CanaryUnschedulable" not in w.events(name)
+
+
+def test_from_baseline_rolls_back_to_the_baselines_own_pods(world: World, gpu_nodes: NodeAdder, tmp_path: Path) -> None:
+    w, name = world, "from-baseline-back"
+    gpu_nodes(2)
+    model = tmp_path / "model"
+    model.mkdir()
+    before = baseline_on_gpus(w, model, replicas=2)
+    watch = GpuWatch(w)
+    w.kubelet.hold("calibration")
+    w.apply(kvcalibration(name, model, w.out, serving=FROM_BASELINE))  # promotion manual: it waits for a person
+    to_deploying(w, name)
+    w.wait_phase(name, "AwaitingPromotion", 120)
+    w.cluster.kubectl("annotate", "-n", w.namespace, f"kvcalibration/{name}", "kvcal.dev/abort=gpu-e2e")
+
+    obj = w.wait_phase(name, "RolledBack", 60)
+    wait_for(lambda: placed(w, 2), 60, "the baseline back on both GPUs, nothing Pending")
+    assert watch.stop() == 2
+    after = w.kube.get("Deployment", w.namespace, "llm")
+    assert after is not None and after["spec"]["replicas"] == 2
+    assert after["spec"]["template"] == before["spec"]["template"]
+    assert w.children("Deployment", name) == []
+    assert "baselineReplicas" not in obj["status"]["canary"]
