@@ -57,6 +57,10 @@ class Kube(Protocol):
         """Delete (background propagation); False when it was already gone."""
         ...
 
+    def set_job_deadline(self, namespace: str, name: str, seconds: int) -> bool:
+        """Set a Job's spec.activeDeadlineSeconds (the one field of a running Job kvcal changes); False when gone."""
+        ...
+
     def scale(self, kind: Kind, namespace: str, name: str, replicas: int) -> bool:
         """Set a workload's spec.replicas and nothing else (what `kubectl scale` does); False when it is gone."""
         ...

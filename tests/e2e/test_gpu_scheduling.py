@@ -16,6 +16,7 @@ import yaml
 
 from kvcal.core.manifests import canary_name
 from tests.support.cluster import Cluster, wait_for
+from tests.support.gitops import CALIBRATION_SUMMARY, terminate_job_pod
 from tests.support.scheduling import GPU, NodeAdder, gpu_use, on_gpu_nodes
 from tests.support.world import (
     HOST_PATHS_ALLOWED,
@@ -60,7 +61,10 @@ def to_deploying(w: World, name: str) -> None:
     w.cluster.kubectl("patch", "-n", w.namespace, f"kvcalibration/{name}", "--subresource=status", "--type=merge",
                       "-p", yaml.safe_dump({"status": status}))  # fmt: skip
     w.wait_phase(name, "Deploying", 30)  # before the delete: Calibrating would re-create a vanished Job
-    w.cluster.kubectl("delete", "job", "-n", w.namespace, obj["status"]["calibration"]["job"], "--wait=false")
+    job = obj["status"]["calibration"]["job"]
+    w.cluster.kubectl("delete", "job", "-n", w.namespace, job, "--wait=false")
+    # Gone before the test goes on: a GPU freed meanwhile would go to its pod, not to the pod the test watches.
+    wait_for(lambda: not w.kube.list("Pod", w.namespace, {"job-name": job}), 60, "the calibration Job's pod deleted")
 
 
 def unschedulable_reported(w: World, name: str) -> dict[str, Any] | None:
@@ -69,10 +73,10 @@ def unschedulable_reported(w: World, name: str) -> dict[str, Any] | None:
     return obj if ready is not None and ready["reason"] == "Unschedulable" else None
 
 
-def unschedulable_events(w: World, name: str) -> list[str]:
-    """The messages of the operator's CanaryUnschedulable events about `name`, oldest first."""
+def unschedulable_events(w: World, name: str, reason: str = "CanaryUnschedulable") -> list[str]:
+    """The messages of the operator's `reason` events about `name`, oldest first."""
     events = w.cluster.get_json("events", "-n", w.namespace, "--field-selector", f"involvedObject.name={name}")
-    items = [e for e in events["items"] if e["reason"] == "CanaryUnschedulable"]  # type: ignore[attr-defined]
+    items = [e for e in events["items"] if e["reason"] == reason]  # type: ignore[attr-defined]
     items.sort(key=lambda e: (e.get("eventTime") or "", e.get("firstTimestamp") or ""))
     return [str(e["message"]) for e in items]
 
@@ -228,3 +232,73 @@ def test_from_baseline_rolls_back_to_the_baselines_own_pods(world: World, gpu_no
     assert after["spec"]["template"] == before["spec"]["template"]
     assert w.children("Deployment", name) == []
     assert "baselineReplicas" not in obj["status"]["canary"]
+
+
+def test_a_calibration_job_waiting_for_a_gpu_keeps_its_run_time(
+    world: World, gpu_nodes: NodeAdder, tmp_path: Path
+) -> None:
+    w, name = world, "job-waits"
+    gpu_nodes(1)
+    model = tmp_path / "model"
+    model.mkdir()
+    baseline_on_gpus(w, model)  # the one GPU serves; the calibration Job asks for one too (its default resources)
+    w.kubelet.hold("calibration")
+    run_seconds = 20
+    job_spec = {"job": {"backoffLimit": 0, "activeDeadlineSeconds": run_seconds}}
+    w.apply(kvcalibration(name, model, w.out, calibration=job_spec))
+
+    def reported() -> dict[str, Any] | None:
+        obj = w.kvcal(name)
+        calibrated = next((c for c in obj.get("status", {}).get("conditions") or [] if c["type"] == "Calibrated"), None)
+        return obj if calibrated is not None and calibrated["reason"] == "Unschedulable" else None
+
+    obj = wait_for(reported, 30, "Calibrated Unknown, reason Unschedulable")
+    message = condition(obj, "Calibrated")["message"]
+    assert f"(no Node has a free {GPU})" in message and f"its {run_seconds} s of run time start once" in message
+    job_name = obj["status"]["calibration"]["job"]
+
+    def pod() -> dict[str, Any] | None:
+        pods = w.kube.list("Pod", w.namespace, {"job-name": job_name})
+        return pods[0] if pods else None
+
+    def waited_past_its_deadline() -> bool:
+        found = pod()
+        created = datetime.fromisoformat(found["metadata"]["creationTimestamp"]) if found else None
+        return created is not None and (datetime.now(UTC) - created).total_seconds() > run_seconds + 5
+
+    wait_for(waited_past_its_deadline, 60, "the Job's pod Pending longer than the Job's run time")
+    job = w.kube.get("Job", w.namespace, job_name)
+    assert job is not None and job["spec"]["activeDeadlineSeconds"] > run_seconds + 25  # the wait given back
+    assert not [c for c in job.get("status", {}).get("conditions") or [] if c["type"] == "Failed"]
+
+    gpu_nodes(1)  # a GPU frees up
+    wait_for(lambda: (pod() or {}).get("spec", {}).get("nodeName"), 60, "the Job's pod placed")
+    terminate_job_pod(w.kube, w.namespace, name, "calibration", CALIBRATION_SUMMARY)
+    obj = w.wait_phase(name, "Verifying", 60)  # it ran: the controller's deadline from the Job's start is long past
+    assert condition(obj, "Calibrated")["status"] == "True"
+    assert len(unschedulable_events(w, name, "JobUnschedulable")) == 1
+
+
+def test_a_surge_promotion_on_full_nodes_takes_the_canarys_gpu(
+    world: World, gpu_nodes: NodeAdder, tmp_path: Path
+) -> None:
+    # 2 GPUs: the baseline's pod and the canary's. The promoted baseline surges (its default strategy, kvcal adds
+    # maxUnavailable 0): its new pod needs a third GPU, which only the canary can give.
+    w, name = world, "surge-full"
+    gpu_nodes(2)
+    model = tmp_path / "model"
+    model.mkdir()
+    baseline_on_gpus(w, model, replicas=1)
+    watch = GpuWatch(w)
+    w.kubelet.hold("calibration")
+    w.apply(kvcalibration(name, model, w.out, promotion={"mode": "auto"}))
+    to_deploying(w, name)
+
+    obj = w.wait_phase(name, "Succeeded", 120)
+    assert obj["status"]["history"][-1]["reason"] == "Promoted"
+    assert w.events(name).count("CanaryMakesRoom") == 1  # the canary left before the rollout could finish
+    wait_for(lambda: placed(w, 1), 60, "the promoted baseline on its GPU, nothing Pending")
+    assert watch.stop() == 2
+    promoted = w.kube.get("Deployment", w.namespace, "llm")
+    assert promoted is not None and "--kv-cache-dtype" in promoted["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert w.children("Deployment", name) == []

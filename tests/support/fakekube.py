@@ -47,6 +47,10 @@ class FakeKube:
     def apply_owned_fields(self, manifest: Manifest, field_manager: str) -> None:
         self.calls.append(f"apply_owned_fields {manifest['kind']}/{manifest['metadata']['name']} as {field_manager}")
 
+    def set_job_deadline(self, namespace: str, name: str, seconds: int) -> bool:
+        self.calls.append(f"set_job_deadline {name} {seconds}")
+        return ("Job", name) in self.objects
+
     def scale(self, kind: Kind, namespace: str, name: str, replicas: int) -> bool:
         self.calls.append(f"scale {kind}/{name} {replicas}")
         found = self.objects.get((kind, name))

@@ -182,8 +182,14 @@ class KubeClient:
         self.request("PATCH", kind, namespace, name, body=patch, content_type=MERGE_PATCH)
 
     def scale(self, kind: Kind, namespace: str, name: str, replicas: int) -> bool:
+        return self._patch_if_there(kind, namespace, name, {"spec": {"replicas": replicas}})
+
+    def set_job_deadline(self, namespace: str, name: str, seconds: int) -> bool:
+        return self._patch_if_there("Job", namespace, name, {"spec": {"activeDeadlineSeconds": seconds}})
+
+    def _patch_if_there(self, kind: Kind, namespace: str, name: str, patch: Manifest) -> bool:
         try:
-            self.patch(kind, namespace, name, {"spec": {"replicas": replicas}})
+            self.patch(kind, namespace, name, patch)
         except ApiException as e:
             if e.status == 404:
                 return False

@@ -21,6 +21,25 @@ GATE_ANNOTATIONS = (PROMOTE_ANNOTATION, ABORT_ANNOTATION, RETRY_ANNOTATION, RECA
 ChildKind = Literal["Job", "ConfigMap", "Deployment", "StatefulSet", "Service", "InferencePool"]
 
 
+# The scheduler names each resource no Node had enough of: "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+_INSUFFICIENT = re.compile(r"Insufficient ([A-Za-z0-9][A-Za-z0-9./_-]*[A-Za-z0-9])")
+
+
+@dataclass(frozen=True)
+class Unschedulable:
+    """Pods the scheduler could not place (their PodScheduled condition: False, reason Unschedulable)."""
+
+    pods: int
+    since: str  # RFC 3339: the earliest of their conditions' lastTransitionTime
+    message: str  # the scheduler's own words for one of them (no user data: node counts and resource names)
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        """The resources no Node had free enough of, e.g. ("nvidia.com/gpu",); empty for other causes (taints,
+        node selectors, affinity), which the message names."""
+        return tuple(dict.fromkeys(_INSUFFICIENT.findall(self.message)))
+
+
 @dataclass(frozen=True)
 class JobState:
     name: str
@@ -28,6 +47,12 @@ class JobState:
     message: str = ""  # the pod's termination message (the summary JSON), else the Job condition's message
     reason: str = ""  # the Job condition's reason: BackoffLimitExceeded, DeadlineExceeded, ...
     deleting: bool = False
+    # A running Job's spec.activeDeadlineSeconds as the API holds it (None: unset, or not read).
+    deadline_seconds: int | None = None
+    # Seconds its pod waited to be placed, from the Job's start: until the scheduler bound it, or until now while it
+    # still waits (None: not started, or not read). The Job controller counts them against the deadline.
+    waited_seconds: float | None = None
+    unschedulable: Unschedulable | None = None  # its pod, while the scheduler cannot place it
 
 
 @dataclass(frozen=True)
@@ -66,25 +91,6 @@ class DeploymentState:
         )
 
 
-# The scheduler names each resource no Node had enough of: "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
-_INSUFFICIENT = re.compile(r"Insufficient ([A-Za-z0-9][A-Za-z0-9./_-]*[A-Za-z0-9])")
-
-
-@dataclass(frozen=True)
-class Unschedulable:
-    """Pods the scheduler could not place (their PodScheduled condition: False, reason Unschedulable)."""
-
-    pods: int
-    since: str  # RFC 3339: the earliest of their conditions' lastTransitionTime
-    message: str  # the scheduler's own words for one of them (no user data: node counts and resource names)
-
-    @property
-    def missing(self) -> tuple[str, ...]:
-        """The resources no Node had free enough of, e.g. ("nvidia.com/gpu",); empty for other causes (taints,
-        node selectors, affinity), which the message names."""
-        return tuple(dict.fromkeys(_INSUFFICIENT.findall(self.message)))
-
-
 @dataclass(frozen=True)
 class PoolState:
     """Router inference-pool: the baseline's pool and picker (what the canary's copy from) and the canary's own
@@ -110,6 +116,8 @@ class Observations:
     # The canary's pods the scheduler could not place; None: all placed (or not read in this phase).
     canary_unschedulable: Unschedulable | None = None
     baseline: DeploymentState | None = None
+    # The baseline's own pods the scheduler could not place (e.g. a promotion's surge pod); None: none, or not read.
+    baseline_unschedulable: Unschedulable | None = None
     # The HorizontalPodAutoscaler whose scaleTargetRef is the baseline (its name); None: none, or not read.
     baseline_autoscaler: str | None = None
     baseline_service: Manifest | None = None
@@ -189,7 +197,15 @@ class ScaleBaseline:
     replicas: int
 
 
-Action = Create | Apply | ApplyOwnedFields | Delete | SetWeight | ScaleBaseline
+@dataclass(frozen=True)
+class SetJobDeadline:
+    """Raise a running Job's spec.activeDeadlineSeconds (the time its pod waited for a Node is given back)."""
+
+    name: str
+    seconds: int
+
+
+Action = Create | Apply | ApplyOwnedFields | Delete | SetWeight | ScaleBaseline | SetJobDeadline
 
 
 @dataclass(frozen=True)

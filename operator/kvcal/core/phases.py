@@ -38,6 +38,7 @@ Observed = Literal[
     "baseline",
     "baseline_service",
     "baseline_autoscaler",  # spec.serving.canary.capacity fromBaseline: an HPA on the baseline
+    "baseline_pods",  # the baseline's pods the scheduler could not place (a promotion's surge pod)
     "canary",
     "canary_pods",  # the canary's pods the scheduler could not place
     "routed_weight",
@@ -208,7 +209,8 @@ LIFECYCLE = _declare(
         # Once the baseline starts rolling there is no way back: promotion finishes (or fails), it never rolls back.
         # The baseline's watch events wake the operator too; the poll is the floor while it rolls out.
         P.PROMOTING, "rollout", rollout.promoting,
-        _reads("canary", "baseline", "routed_weight", "inference_pool"), 5.0, _to(P.SUCCEEDED, P.FAILED),
+        _reads("canary", "baseline", "baseline_pods", "routed_weight", "inference_pool"), 5.0,
+        _to(P.SUCCEEDED, P.FAILED),
         stuck_alert=True,
     ),
     PhaseDescriptor(

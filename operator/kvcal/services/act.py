@@ -24,6 +24,7 @@ from kvcal.core.observations import (
     Delete,
     Event,
     ScaleBaseline,
+    SetJobDeadline,
     SetWeight,
 )
 from kvcal.core.phases import LIFECYCLE
@@ -74,6 +75,8 @@ class Actor:
                     self.kube.delete(kind, ns, name)
                 case ScaleBaseline(kind=kind, name=name, replicas=replicas):
                     self.kube.scale(kind, ns, name, replicas)
+                case SetJobDeadline(name=name, seconds=seconds):
+                    self.kube.set_job_deadline(ns, name, seconds)
                 case SetWeight(weight=weight, mirror=mirror):
                     router = adapters.router if adapters else None
                     if router is not None and adapters is not None:

@@ -25,7 +25,7 @@ from kvcal.core.analysis.verdict import error_measurement
 from kvcal.core.decide import measurement_due
 from kvcal.core.guard.policy import Policy
 from kvcal.core.manifests import Owner, calibration_job_name, canary_name, verification_job_name
-from kvcal.core.manifests.common import match_labels
+from kvcal.core.manifests.common import LABEL_ROLE, match_labels
 from kvcal.core.manifests.endpoints import canary_pod_labels, pod_ready, probe_urls
 from kvcal.core.manifests.pool import canary_picker_name, canary_pool_name, picker_service_name
 from kvcal.core.observations import (
@@ -39,7 +39,7 @@ from kvcal.core.observations import (
 from kvcal.core.phases import LIFECYCLE
 from kvcal.core.problems import NeedsFix
 from kvcal.core.spechash import effective_spec_hash
-from kvcal.core.timestamps import rfc3339
+from kvcal.core.timestamps import parse_rfc3339, rfc3339
 from kvcal.models.errors import describe
 from kvcal.models.spec import KVCalibrationSpec, WorkloadKind
 from kvcal.models.status import KVCalibrationStatus, Measurement, NoiseStatus, Phase
@@ -84,8 +84,15 @@ def parse_status(obj: Manifest) -> KVCalibrationStatus:
         return KVCalibrationStatus()
 
 
-def job_state(job: Manifest | None, message: Callable[[str], str | None]) -> JobState | None:
-    """Summarise a Job the way the Job controller reports it; `message` reads the pod's termination message."""
+def job_state(
+    job: Manifest | None,
+    message: Callable[[str], str | None],
+    pods: Callable[[str], Sequence[Manifest]] | None = None,
+    now: datetime | None = None,
+) -> JobState | None:
+    """Summarise a Job the way the Job controller reports it; `message` reads the pod's termination message. With
+    `pods` (the Job's pods) and `now`, a running Job also says how long its pod waited for a Node (waiting_for_node)
+    and its deadline."""
     if job is None:
         return None
     name = job["metadata"]["name"]
@@ -97,7 +104,45 @@ def job_state(job: Manifest | None, message: Callable[[str], str | None]) -> Job
         if cond["type"] == "Complete":
             return JobState(name, "Succeeded", text, cond.get("reason", ""), deleting)
         return JobState(name, "Failed", text, cond.get("reason", ""), deleting)
-    return JobState(name, "Running", deleting=deleting)
+    if pods is None or now is None:
+        return JobState(name, "Running", deleting=deleting)
+    listed = pods(name)
+    deadline = job.get("spec", {}).get("activeDeadlineSeconds")
+    return JobState(
+        name,
+        "Running",
+        deleting=deleting,
+        deadline_seconds=int(deadline) if deadline is not None else None,
+        waited_seconds=waiting_for_node(job, listed, now),
+        unschedulable=unschedulable(listed),
+    )
+
+
+def waiting_for_node(job: Manifest, pods: Sequence[Manifest], now: datetime) -> float | None:
+    """Seconds the Job's pods waited for a Node, added up (each from its creation until the scheduler bound it, or
+    until now while unbound): a retried Job counts each pod's wait, never a pod's run. None before it started."""
+    if not (job.get("status") or {}).get("startTime"):
+        return None
+    waited = 0.0
+    for pod in pods:
+        created = pod["metadata"].get("creationTimestamp")
+        if not created:
+            continue
+        bound = next(
+            (
+                c.get("lastTransitionTime")
+                for c in (pod.get("status") or {}).get("conditions") or []
+                if c.get("type") == "PodScheduled" and c.get("status") == "True"
+            ),
+            None,
+        )
+        if bound is None and pod["spec"].get("nodeName"):
+            continue  # bound by no scheduler (nothing says when): no wait to give back
+        if bound is None and pod["metadata"].get("deletionTimestamp"):
+            continue
+        end = parse_rfc3339(bound) if bound else now
+        waited += max(0.0, (end - parse_rfc3339(created)).total_seconds())
+    return waited
 
 
 def workload_state(kind: WorkloadKind, workload: Manifest | None) -> DeploymentState | None:
@@ -208,7 +253,9 @@ class Observer:
             return self.kube.termination_message(ns, job) if read_messages else None
 
         def job(observation: str, name: str) -> JobState | None:
-            return job_state(self.kube.get("Job", ns, name), message) if observation in needs else None
+            if observation not in needs:
+                return None
+            return job_state(self.kube.get("Job", ns, name), message, self.job_pods(ns), now)
 
         baseline = spec.serving.baseline
 
@@ -250,6 +297,9 @@ class Observer:
             inference_pool=self.pool_state(owner, spec) if "inference_pool" in needs else None,
             serving_verification_job=serving_job,
         )
+        if "baseline_pods" in needs and obs.baseline is not None:
+            unplaced = self.baseline_unschedulable(ns, obs.baseline.manifest)
+            obs = Observations(**{**obs.__dict__, "baseline_unschedulable": unplaced})
         learned: tuple[NoiseStatus, ...] = ()
         if noise_due(spec.analysis, status, now):
             learned = tuple(self.learn_noise(adapters))
@@ -260,6 +310,17 @@ class Observer:
             measurements = tuple(self.measure(adapters, now, step_seconds, noise))
             obs = Observations(**{**obs.__dict__, "measurements": measurements, "kv_cache": self.kv_cache(adapters)})
         return obs
+
+    def baseline_unschedulable(self, namespace: str, workload: Manifest) -> Unschedulable | None:
+        """The baseline's pods (by its selector, the canary's left out) that the scheduler could not place."""
+        selector = match_labels(workload)
+        if not selector:
+            return None
+        pods = self.kube.list("Pod", namespace, selector)
+        return unschedulable([p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) != "canary"])
+
+    def job_pods(self, namespace: str) -> Callable[[str], list[Manifest]]:
+        return lambda job: self.kube.list("Pod", namespace, {"job-name": job})
 
     def for_deletion(
         self, owner: Owner, generation: int, spec: KVCalibrationSpec | None, adapters: PassAdapters | None

@@ -6,6 +6,7 @@ import json
 
 from kvcal.core.artifact.context import served_context
 from kvcal.core.artifact.verification import verification_result
+from kvcal.core.artifact.waiting import waiting_for_a_node
 from kvcal.core.guard.inuse import output_in_use
 from kvcal.core.manifests import (
     build_calibration_configmap,
@@ -15,6 +16,7 @@ from kvcal.core.manifests import (
     verification_job_name,
 )
 from kvcal.core.manifests.canary import baseline_container_index
+from kvcal.core.manifests.jobs import VERIFICATION_DEADLINE_SECONDS
 from kvcal.core.observations import Create
 from kvcal.core.status.builder import Builder, blocked, fail, no_baseline
 from kvcal.models.spec import KVCalibrationSpec
@@ -60,7 +62,9 @@ def calibrating(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> N
         draft.wait("calibration Job missing: re-created it")
         return
     if job.state == "Running":
-        draft.wait(f"calibration Job {job.name} is running")
+        run_seconds = spec.calibration.job.active_deadline_seconds
+        if not waiting_for_a_node(draft, job, run_seconds, "Calibrated", "calibration"):
+            draft.wait(f"calibration Job {job.name} is running")
         return
     if job.state == "Failed":
         why = job.message.strip() or "no message"
@@ -114,7 +118,8 @@ def verifying(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> Non
         return
     if job.state == "Running":
         draft.update(verification=VerificationStatus(job=job.name))
-        draft.wait(f"verification Job {job.name} is running")
+        if not waiting_for_a_node(draft, job, VERIFICATION_DEADLINE_SECONDS, "ScalesVerified", "verification"):
+            draft.wait(f"verification Job {job.name} is running")
         return
     verification, ok = verification_result(job)
     draft.update(verification=verification)

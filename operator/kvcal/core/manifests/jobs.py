@@ -195,6 +195,9 @@ VERIFIER_BUNDLE_RESOURCES: dict[str, dict[str, str]] = {
     "requests": {"cpu": "100m", "memory": "64Mi"},
     "limits": {"memory": "256Mi"},
 }
+# The verification Job's run time: loading the checkpoint in vLLM and reading back its scales (core.artifact.waiting
+# gives back any time its pod waits for a Node).
+VERIFICATION_DEADLINE_SECONDS = 1800
 # vLLM's workers talk through shared memory (NCCL, the engine's message queues): more than the runtime's 64 MiB.
 SHARED_MEMORY_LIMIT = "2Gi"
 TENSOR_PARALLEL_SIZE = Flag(("--tensor-parallel-size", "-tp"), "read only: the verification runs at the baseline's")
@@ -293,7 +296,7 @@ def build_verification_job(
         spec_hash,
         container,
         volumes,
-        deadline=1800,
+        deadline=VERIFICATION_DEADLINE_SECONDS,
         backoff=0,
         scheduling=scheduling,
     )

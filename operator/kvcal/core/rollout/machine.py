@@ -342,6 +342,9 @@ def promoting(draft: Builder, spec: KVCalibrationSpec, current_hash: str) -> Non
         draft.condition("Promoted", "False", "ProgressDeadlineExceeded", f"{name} did not finish rolling out")
         fail(draft, "PromotionFailed", f"the baseline {name} did not finish rolling out (its old pods keep serving)")
         return
+    if not baseline.rolled_out and draft.obs.baseline_unschedulable is not None and draft.obs.canary is not None:
+        _canary_makes_room(draft, spec, draft.obs.baseline_unschedulable)
+        return
     if not baseline.rolled_out:
         updated, ready = baseline.updated_replicas, baseline.ready_replicas
         message = f"{updated}/{baseline.replicas} baseline pods updated, {ready} ready"
@@ -382,6 +385,23 @@ def _canary_gives_its_gpus(draft: Builder, spec: KVCalibrationSpec) -> bool:
         draft.wait(message, draft.lifecycle.poll_seconds(Phase.PROMOTING))
         return False
     return True
+
+
+def _canary_makes_room(draft: Builder, spec: KVCalibrationSpec, unplaced: Unschedulable) -> None:
+    """The promoted baseline's new pods cannot be placed while the canary holds its GPUs (a surge pod on full
+    Nodes, with maxUnavailable 0 no old pod goes first): the canary, which serves the same calibrated model, leaves
+    now instead of after the rollout, and its GPUs take the baseline's new pods."""
+    missing = f" (no Node has a free {', '.join(unplaced.missing)})" if unplaced.missing else ""
+    message = (
+        f"{unplaced.pods} new pod{'s' if unplaced.pods > 1 else ''} of {spec.serving.baseline.workload} "
+        f"unschedulable{missing}: removing the canary now, its GPUs go to the rollout"
+    )
+    before = get_condition(draft.start.conditions, "Promoted")
+    if before is None or before.reason != "MakingRoom":
+        draft.event("Normal", "CanaryMakesRoom", f"{message}: {unplaced.message}")
+    draft.condition("Promoted", "False", "MakingRoom", message)
+    if remove_canary(draft, spec):
+        draft.wait(message, draft.lifecycle.poll_seconds(Phase.PROMOTING))
 
 
 def _promotion_refused(draft: Builder, spec: KVCalibrationSpec) -> bool:

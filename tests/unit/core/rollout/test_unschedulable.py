@@ -141,3 +141,23 @@ def test_the_workload_reader_counts_every_revisions_pods() -> None:
     assert state is not None and state.pods == 3
     unreported = workload_state("Deployment", manifest)
     assert unreported is not None and unreported.pods is None
+
+
+def test_a_promotion_stuck_on_full_nodes_takes_the_canarys_gpus() -> None:
+    # The promoted baseline's surge pod cannot be placed while the canary holds its GPU (maxUnavailable 0: no old
+    # pod goes first): the canary leaves now, not after a rollout that cannot finish.
+    rolling = baseline(1, promoted=True, updated_replicas=1, ready_replicas=1, available_replicas=1, pods=2)
+    obs = observations(baseline=rolling, canary=canary(1, 1), baseline_unschedulable=pending(10))
+    d = decide(spec(), status(P.PROMOTING), obs, NOW)
+    assert d.status.phase == P.PROMOTING
+    assert "Delete Deployment/smollm2-canary" in actions(d)
+    promoted = next(c for c in d.status.conditions if c.type == "Promoted")
+    assert promoted.reason == "MakingRoom"
+    assert promoted.message == (
+        "1 new pod of Deployment llm unschedulable (no Node has a free nvidia.com/gpu): removing the canary now, its "
+        "GPUs go to the rollout"
+    )
+    assert [e.reason for e in d.events] == ["CanaryMakesRoom"]
+    # Once it is gone the rollout goes on as usual, and the promotion ends when it is done.
+    gone = decide(spec(), d.status, observations(baseline=baseline(1, promoted=True, pods=1)), NOW)
+    assert gone.status.phase == P.SUCCEEDED
