@@ -38,6 +38,16 @@ def world(scheduled_plane: Cluster, scheduled_namespace: str, tmp_path: Path, ca
     )
 
 
+def serving_on(w: World, gpu_nodes: NodeAdder, tmp_path: Path, gpus: int, replicas: int = 1) -> dict[str, Any]:
+    """A Node with `gpus` GPUs and the baseline on it, ready; the calibration Job held. Returns the baseline."""
+    gpu_nodes(gpus)
+    model = tmp_path / "model"
+    model.mkdir()
+    served = baseline_on_gpus(w, model, replicas)
+    w.kubelet.hold("calibration")
+    return served
+
+
 def baseline_on_gpus(w: World, model: Path, replicas: int = 1) -> dict[str, Any]:
     deployment, service = baseline(model, replicas)
     on_gpu_nodes(deployment, w.namespace)  # as the API server holds it once ready
@@ -90,13 +100,9 @@ def test_a_canary_no_node_has_a_gpu_for_is_reported_then_rolled_back(
     world: World, gpu_nodes: NodeAdder, tmp_path: Path
 ) -> None:
     w, name = world, "gpu-full"
-    gpu_nodes(1)
-    model = tmp_path / "model"
-    model.mkdir()
-    before = baseline_on_gpus(w, model)
-    w.kubelet.hold("calibration")
+    before = serving_on(w, gpu_nodes, tmp_path, 1)
     spec = {"canary": {"scheduling": {"timeout": "5s", "onTimeout": "rollback"}}}
-    w.apply(kvcalibration(name, model, w.out, serving=spec))
+    w.apply(kvcalibration(name, tmp_path / "model", w.out, serving=spec))
     to_deploying(w, name)
 
     obj = wait_for(lambda: unschedulable_reported(w, name), 30, "CanaryReady False, reason Unschedulable")
@@ -128,13 +134,9 @@ def test_a_canary_no_node_has_a_gpu_for_is_reported_then_rolled_back(
 
 def test_a_canary_told_to_wait_waits_for_a_gpu_then_goes_on(world: World, gpu_nodes: NodeAdder, tmp_path: Path) -> None:
     w, name = world, "gpu-wait"
-    gpu_nodes(1)
-    model = tmp_path / "model"
-    model.mkdir()
-    baseline_on_gpus(w, model)
-    w.kubelet.hold("calibration")
+    serving_on(w, gpu_nodes, tmp_path, 1)
     spec = {"canary": {"scheduling": {"timeout": "0s", "onTimeout": "wait"}}}
-    w.apply(kvcalibration(name, model, w.out, serving=spec))
+    w.apply(kvcalibration(name, tmp_path / "model", w.out, serving=spec))
     to_deploying(w, name)
 
     obj = wait_for(lambda: unschedulable_reported(w, name), 30, "CanaryReady False, reason Unschedulable")
@@ -187,13 +189,10 @@ def test_from_baseline_promotes_on_a_cluster_with_no_gpu_to_spare(
     world: World, gpu_nodes: NodeAdder, tmp_path: Path
 ) -> None:
     w, name = world, "from-baseline"
-    gpu_nodes(2)  # exactly the baseline's GPUs: a surge canary could never be placed (the first test)
-    model = tmp_path / "model"
-    model.mkdir()
-    baseline_on_gpus(w, model, replicas=2)
+    # Exactly the baseline's GPUs: a surge canary could never be placed (the first test).
+    serving_on(w, gpu_nodes, tmp_path, 2, replicas=2)
     watch = GpuWatch(w)
-    w.kubelet.hold("calibration")
-    w.apply(kvcalibration(name, model, w.out, serving=FROM_BASELINE, promotion={"mode": "auto"}))
+    w.apply(kvcalibration(name, tmp_path / "model", w.out, serving=FROM_BASELINE, promotion={"mode": "auto"}))
     to_deploying(w, name)
 
     obj = w.wait_phase(name, "Analyzing", 60)
@@ -213,13 +212,10 @@ def test_from_baseline_promotes_on_a_cluster_with_no_gpu_to_spare(
 
 def test_from_baseline_rolls_back_to_the_baselines_own_pods(world: World, gpu_nodes: NodeAdder, tmp_path: Path) -> None:
     w, name = world, "from-baseline-back"
-    gpu_nodes(2)
-    model = tmp_path / "model"
-    model.mkdir()
-    before = baseline_on_gpus(w, model, replicas=2)
+    before = serving_on(w, gpu_nodes, tmp_path, 2, replicas=2)
     watch = GpuWatch(w)
-    w.kubelet.hold("calibration")
-    w.apply(kvcalibration(name, model, w.out, serving=FROM_BASELINE))  # promotion manual: it waits for a person
+    # Promotion manual: it waits for a person, who aborts.
+    w.apply(kvcalibration(name, tmp_path / "model", w.out, serving=FROM_BASELINE))
     to_deploying(w, name)
     w.wait_phase(name, "AwaitingPromotion", 120)
     w.cluster.kubectl("annotate", "-n", w.namespace, f"kvcalibration/{name}", "kvcal.dev/abort=gpu-e2e")
@@ -238,14 +234,11 @@ def test_a_calibration_job_waiting_for_a_gpu_keeps_its_run_time(
     world: World, gpu_nodes: NodeAdder, tmp_path: Path
 ) -> None:
     w, name = world, "job-waits"
-    gpu_nodes(1)
-    model = tmp_path / "model"
-    model.mkdir()
-    baseline_on_gpus(w, model)  # the one GPU serves; the calibration Job asks for one too (its default resources)
-    w.kubelet.hold("calibration")
+    # The one GPU serves; the calibration Job asks for one too (its default resources).
+    serving_on(w, gpu_nodes, tmp_path, 1)
     run_seconds = 20
     job_spec = {"job": {"backoffLimit": 0, "activeDeadlineSeconds": run_seconds}}
-    w.apply(kvcalibration(name, model, w.out, calibration=job_spec))
+    w.apply(kvcalibration(name, tmp_path / "model", w.out, calibration=job_spec))
 
     def reported() -> dict[str, Any] | None:
         obj = w.kvcal(name)
@@ -285,13 +278,9 @@ def test_a_surge_promotion_on_full_nodes_takes_the_canarys_gpu(
     # 2 GPUs: the baseline's pod and the canary's. The promoted baseline surges (its default strategy, kvcal adds
     # maxUnavailable 0): its new pod needs a third GPU, which only the canary can give.
     w, name = world, "surge-full"
-    gpu_nodes(2)
-    model = tmp_path / "model"
-    model.mkdir()
-    baseline_on_gpus(w, model, replicas=1)
+    serving_on(w, gpu_nodes, tmp_path, 2, replicas=1)
     watch = GpuWatch(w)
-    w.kubelet.hold("calibration")
-    w.apply(kvcalibration(name, model, w.out, promotion={"mode": "auto"}))
+    w.apply(kvcalibration(name, tmp_path / "model", w.out, promotion={"mode": "auto"}))
     to_deploying(w, name)
 
     obj = w.wait_phase(name, "Succeeded", 120)

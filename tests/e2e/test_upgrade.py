@@ -321,3 +321,40 @@ def test_failed_pass_is_a_condition_an_event_and_a_metric(world: World, tmp_path
     obj = w.wait_phase(name, "Calibrating", 90)  # the next pass after the backoff
     recovered = condition(obj, "ReconcileError")
     assert recovered["status"] == "False" and recovered["reason"] == "Recovered"
+
+
+def test_a_context_raised_after_promotion_is_reported_on_the_next_pass(world: World, tmp_path: Path) -> None:
+    """On the real API server: the baseline's owner raises --max-model-len past the context the calibration was
+    judged against; the next pass says CalibrationCurrent False, reason ContextRaised, with a Warning event; nothing
+    re-rolls, and the condition goes back to True once the context is back within it."""
+    w, name = world, "context"
+    _, obj = succeeded_under_old_operator(w, name, tmp_path / "model")
+    status = obj["status"]
+    status["calibration"]["servedContextTokens"] = 2048  # the calibration's summary: the baseline's --max-model-len
+    write_status(w, name, status)
+    start_and_wait_for_a_pass(w, OLD_IMAGE)
+
+    def served_context(tokens: str) -> None:
+        deployment = w.kube.get("Deployment", w.namespace, "llm")
+        assert deployment is not None
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        at = args.index("--max-model-len") + 1
+        patch = [{"op": "replace", "path": f"/spec/template/spec/containers/0/args/{at}", "value": tokens}]
+        w.cluster.kubectl("patch", "-n", w.namespace, "deploy/llm", "--type=json", "-p", json.dumps(patch))
+
+    def current(wanted: str) -> dict[str, Any] | None:
+        obj = w.kvcal(name)
+        found = [c for c in obj["status"].get("conditions", []) if c["type"] == "CalibrationCurrent"]
+        return obj if found and found[0]["status"] == wanted else None
+
+    served_context("8192")
+    obj = wait_for(lambda: current("False"), 60, "CalibrationCurrent False after the context was raised")
+    condition_now = condition(obj, "CalibrationCurrent")
+    assert condition_now["reason"] == "ContextRaised", condition_now
+    assert "--max-model-len 8192, beyond the 2048 tokens" in condition_now["message"]
+    assert obj["status"]["phase"] == "Succeeded" and "CalibrationNotCurrent" in w.events(name)
+    assert w.children("Deployment", name) == []  # nothing re-rolled
+
+    served_context("2048")
+    obj = wait_for(lambda: current("True"), 60, "CalibrationCurrent True with the calibrated context back")
+    assert condition(obj, "CalibrationCurrent")["reason"] == "Current"

@@ -195,6 +195,16 @@ def exercise_operator_calls(sa: AsServiceAccount, namespace: str, all_namespaces
     sa("get", "jobs", *scope)
     sa("get", "--raw", f"/apis/batch/v1/namespaces/{namespace}/jobs?watch=1&timeoutSeconds=1")
     sa("patch", "job", f"{admin_created}-calibrate", *ns, "--type=merge", "-p", '{"metadata": {"labels": {"a": "b"}}}')
+    # A pod's wait for a Node given back to its Job's deadline.
+    sa(
+        "patch",
+        "job",
+        f"{admin_created}-calibrate",
+        *ns,
+        "--type=merge",
+        "-p",
+        '{"spec": {"activeDeadlineSeconds": 99}}',
+    )
     sa("get", "pods", *ns, "-l", f"job-name={admin_created}-calibrate", "-o", "json")
     sa("get", "pod", "rbac-probe-pod", *ns, "-o", "json")
     sa("get", "--raw", f"/api/v1/namespaces/{namespace}/pods?watch=1&timeoutSeconds=1")
@@ -218,6 +228,8 @@ def exercise_operator_calls(sa: AsServiceAccount, namespace: str, all_namespaces
     sa("patch", "deployment", "smollm2-kvcal-canary", *ns, "--type=merge", "-p", '{"spec": {"replicas": 2}}')
     sa("patch", "deployment", "smollm2", *ns, "--type=merge", "-p", '{"spec": {"replicas": 1}}')
     sa("delete", "deployment", "smollm2-kvcal-canary", *ns)
+    # capacity fromBaseline: is the baseline autoscaled (list only)?
+    sa("get", "--raw", f"/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers")
 
 
 def make_admin_objects(control_plane: Cluster, namespace: str) -> None:

@@ -147,12 +147,17 @@ def crd_installed(control_plane: Cluster) -> str:
     return CRD_NAME
 
 
-@pytest.fixture
-def namespace(control_plane: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+def fresh_namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace named after the test, ready for pods; deleted after it."""
     stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     name = f"{stem or 'test'}-{uuid.uuid4().hex[:6]}"
-    control_plane.kubectl("create", "namespace", name)
+    cluster.kubectl("create", "namespace", name)
     # Pods are admitted only once the namespace's `default` ServiceAccount exists.
-    control_plane.plane.wait_for_default_service_account(name, timeout=30)
+    cluster.plane.wait_for_default_service_account(name, timeout=30)
     yield name
-    control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def namespace(control_plane: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from fresh_namespace(control_plane, request)

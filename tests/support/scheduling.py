@@ -6,14 +6,12 @@ session's control plane), the KVCalibration CRD installed. Nodes are what the te
 (`scheduled=True`) runs only the pods the scheduler bound; the others stay Pending with the scheduler's reason.
 """
 
-import re
-import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from kvcal.devenv.controlplane import ControlPlane, default_bin_dir, missing_binaries
-from tests.support.cluster import CRD_DIR, Cluster
+from tests.support.cluster import CRD_DIR, Cluster, fresh_namespace
 from tests.support.prereq import require
 
 GPU = "nvidia.com/gpu"
@@ -34,12 +32,7 @@ def scheduled_plane() -> Iterator[Cluster]:
 
 @pytest.fixture
 def scheduled_namespace(scheduled_plane: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
-    name = f"{stem or 'test'}-{uuid.uuid4().hex[:6]}"
-    scheduled_plane.kubectl("create", "namespace", name)
-    scheduled_plane.plane.wait_for_default_service_account(name, timeout=30)
-    yield name
-    scheduled_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    yield from fresh_namespace(scheduled_plane, request)
 
 
 NodeAdder = Callable[[int], str]
