@@ -39,6 +39,11 @@ class Unschedulable:
         node selectors, affinity), which the message names."""
         return tuple(dict.fromkeys(_INSUFFICIENT.findall(self.message)))
 
+    @property
+    def shortage(self) -> str:
+        """ " (no Node has a free nvidia.com/gpu)" for the messages that name it; "" when no resource ran out."""
+        return f" (no Node has a free {', '.join(self.missing)})" if self.missing else ""
+
 
 @dataclass(frozen=True)
 class JobState:
@@ -49,8 +54,8 @@ class JobState:
     deleting: bool = False
     # A running Job's spec.activeDeadlineSeconds as the API holds it (None: unset, or not read).
     deadline_seconds: int | None = None
-    # Seconds its pod waited to be placed, from the Job's start: until the scheduler bound it, or until now while it
-    # still waits (None: not started, or not read). The Job controller counts them against the deadline.
+    # Seconds its pods waited to be placed, added up: each until the scheduler bound it, or until now while it still
+    # waits (None: not started, or not read). The Job controller counts them against the deadline.
     waited_seconds: float | None = None
     unschedulable: Unschedulable | None = None  # its pod, while the scheduler cannot place it
 

@@ -11,8 +11,7 @@ waits cannot raise it: the Job then fails at its deadline as it would without kv
 import math
 
 from kvcal.core.observations import JobState, SetJobDeadline
-from kvcal.core.status.builder import Builder
-from kvcal.core.status.conditions import get_condition
+from kvcal.core.status.builder import Builder, reported
 from kvcal.models.status import ConditionType
 
 # Beyond the wait so far, while the pod still waits: covers the passes until the operator looks again (Calibrating
@@ -39,14 +38,10 @@ def waiting_for_a_node(draft: Builder, job: JobState, run_seconds: int, conditio
     pending = job.unschedulable
     if pending is None:
         return False
-    missing = f" (no Node has a free {', '.join(pending.missing)})" if pending.missing else ""
     message = (
-        f"{what} Job {job.name} waits for a Node since {pending.since}{missing}: {pending.message}; its "
+        f"{what} Job {job.name} waits for a Node since {pending.since}{pending.shortage}: {pending.message}; its "
         f"{run_seconds} s of run time start once it is placed"
     )
-    before = get_condition(draft.start.conditions, condition)
-    if before is None or before.reason != "Unschedulable":
-        draft.event("Warning", "JobUnschedulable", message)
-    draft.condition(condition, "Unknown", "Unschedulable", message)
+    reported(draft, condition, "Unknown", "Unschedulable", message, ("Warning", "JobUnschedulable"))
     draft.wait(message, 30.0)
     return True

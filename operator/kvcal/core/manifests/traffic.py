@@ -98,10 +98,7 @@ def plan_from_baseline(plan: TrafficPlan, router: Router, total: int) -> Traffic
     The baseline keeps at least one pod; under ``replicas`` the canary's share is its part of the total, the pod
     count nearest the asked weight."""
     if total < 2:
-        raise ValueError(
-            f"spec.serving.canary.capacity fromBaseline: the baseline runs {total} pod, and must keep one: scale it to "
-            "2 or more, or use capacity surge"
-        )
+        raise ValueError(f"{total} baseline pod: none to take (core.rollout.borrowed refuses this first)")
     if router == "replicas":
         canary = min(range(1, total), key=lambda c: (abs(100 * c / total - plan.requested_weight), c))
         return TrafficPlan(round(100 * canary / total), canary, total - canary, plan.requested_weight)

@@ -37,8 +37,7 @@ from kvcal.core.rollout.pool import (
     pool_selector_keys,
     uses_pools,
 )
-from kvcal.core.status.builder import Builder, StepEntered, blocked, fail, no_baseline
-from kvcal.core.status.conditions import get_condition
+from kvcal.core.status.builder import Builder, StepEntered, blocked, fail, no_baseline, reported
 from kvcal.core.timestamps import parse_rfc3339, rfc3339
 from kvcal.models.spec import KVCalibrationSpec
 from kvcal.models.status import AnalysisStatus, Phase
@@ -148,10 +147,9 @@ def unschedulable(
     choice once they have waited spec.serving.canary.scheduling.timeout. The Deployment's progress deadline does not
     decide here: the cause is known, and `wait` means waiting past it."""
     scheduling = spec.serving.canary.scheduling
-    missing = f" (no Node has a free {', '.join(unplaced.missing)})" if unplaced.missing else ""
     what = (
         f"{unplaced.pods} canary pod{'s' if unplaced.pods > 1 else ''} of {name} unschedulable since "
-        f"{unplaced.since}{missing}: {unplaced.message}"
+        f"{unplaced.since}{unplaced.shortage}: {unplaced.message}"
     )
     since = parse_rfc3339(unplaced.since) if unplaced.since else draft.now
     deadline = since + timedelta(seconds=scheduling.timeout_seconds)
@@ -170,10 +168,7 @@ def unschedulable(
         else "waiting for capacity (onTimeout wait)"
     )
     message = f"{what}; {then} (spec.serving.canary.scheduling)"
-    before = get_condition(draft.start.conditions, "CanaryReady")
-    if before is None or before.reason != "Unschedulable":
-        draft.event("Warning", "CanaryUnschedulable", message)
-    draft.condition("CanaryReady", "False", "Unschedulable", message)
+    reported(draft, "CanaryReady", "False", "Unschedulable", message, ("Warning", "CanaryUnschedulable"))
     left = (deadline - draft.now).total_seconds()
     poll = UNSCHEDULABLE_POLL_SECONDS
     draft.wait(message, max(1.0, min(poll, left)) if scheduling.on_timeout == "rollback" else poll)
@@ -391,15 +386,11 @@ def _canary_makes_room(draft: Builder, spec: KVCalibrationSpec, unplaced: Unsche
     """The promoted baseline's new pods cannot be placed while the canary holds its GPUs (a surge pod on full
     Nodes, with maxUnavailable 0 no old pod goes first): the canary, which serves the same calibrated model, leaves
     now instead of after the rollout, and its GPUs take the baseline's new pods."""
-    missing = f" (no Node has a free {', '.join(unplaced.missing)})" if unplaced.missing else ""
     message = (
         f"{unplaced.pods} new pod{'s' if unplaced.pods > 1 else ''} of {spec.serving.baseline.workload} "
-        f"unschedulable{missing}: removing the canary now, its GPUs go to the rollout"
+        f"unschedulable{unplaced.shortage}: removing the canary now, its GPUs go to the rollout"
     )
-    before = get_condition(draft.start.conditions, "Promoted")
-    if before is None or before.reason != "MakingRoom":
-        draft.event("Normal", "CanaryMakesRoom", f"{message}: {unplaced.message}")
-    draft.condition("Promoted", "False", "MakingRoom", message)
+    reported(draft, "Promoted", "False", "MakingRoom", message, ("Normal", "CanaryMakesRoom"))
     if remove_canary(draft, spec):
         draft.wait(message, draft.lifecycle.poll_seconds(Phase.PROMOTING))
 

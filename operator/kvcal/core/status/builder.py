@@ -137,6 +137,17 @@ def blocked(draft: Builder, reason: str, message: str, seconds: float) -> None:
     draft.wait(message, seconds)
 
 
+def reported(
+    draft: Builder, type_: ConditionType, status: str, reason: str, message: str, event: tuple[str, str]
+) -> None:
+    """Set the condition, with `event` (type, reason) sent only when the condition takes this reason (not on every
+    pass that keeps it)."""
+    before = get_condition(draft.start.conditions, type_)
+    if before is None or before.reason != reason:
+        draft.event(event[0], event[1], message)
+    draft.condition(type_, status, reason, message)
+
+
 def fail(draft: Builder, reason: str, message: str) -> None:
     draft.move(Phase.FAILED, reason, message)
 
